@@ -1,0 +1,51 @@
+// The peer's advertisement: `<address-hex> <rkey> <remote-addr>`, the Rust crate's wire form.
+// Advertisements are untrusted input: parse() checks syntax, validate_address() checks the address
+// against the endpoint's format before anything reaches fi_av_insert.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <vector>
+
+namespace dma {
+
+/// Longest advertisement text parse() looks at; longer input is rejected before parsing.
+inline constexpr std::size_t max_advertisement_length = 512;
+
+struct Advertisement {
+  std::vector<std::uint8_t> address;  ///< the peer's raw fabric address (fi_getname bytes)
+  std::uint64_t remote_key = 0;       ///< the rkey of the peer's registration
+  std::uint64_t remote_address = 0;   ///< VA on FI_MR_VIRT_ADDR providers, offset (usually 0) on tcp
+
+  /// Parses whitespace-separated text with exactly three fields.
+  static Advertisement parse(std::string_view text);
+  static Advertisement parse(std::string_view text, std::error_code& ec);
+  /// Parses exactly three fields: hex address (either case), decimal rkey, decimal remote address.
+  static Advertisement from_fields(std::span<const std::string_view> fields);
+  static Advertisement from_fields(std::span<const std::string_view> fields, std::error_code& ec);
+
+  /// `<lowercase-hex> <rkey> <remote-addr>`.
+  std::string to_string() const;
+
+  friend bool operator==(const Advertisement&, const Advertisement&) = default;
+};
+
+/// Lowercase hex, two characters per byte, high nibble first.
+std::string encode_hex(std::span<const std::uint8_t> bytes);
+/// Accepts either case; odd length or a non-hex character is errc::advertisement_hex.
+std::vector<std::uint8_t> decode_hex(std::string_view text, std::error_code& ec);
+std::vector<std::uint8_t> decode_hex(std::string_view text);
+/// A decimal u64 with the Rust crate's rules: optional leading '+', no sign '-', no whitespace.
+std::optional<std::uint64_t> parse_u64(std::string_view text) noexcept;
+
+/// Checks a peer address against an endpoint's libfabric address format (fi_info::addr_format):
+/// exact length, family, no port 0, no unspecified, multicast or broadcast address. FI_ADDR_EFA
+/// addresses must be 32 bytes. Returns the first problem found, or an empty error_code.
+std::error_code validate_address(std::span<const std::uint8_t> address, std::uint32_t addr_format) noexcept;
+
+}  // namespace dma

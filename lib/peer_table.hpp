@@ -1,0 +1,55 @@
+// The refcounted peer-address table: clients sharing one address share one AV entry.
+#pragma once
+
+#include <rdma/fabric.h>
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <span>
+#include <system_error>
+#include <unordered_map>
+#include <vector>
+
+namespace dma::detail {
+
+class PeerTable {
+ public:
+  /// Inserts one address into the AV; returns the handle or an error.
+  using InsertFn = std::function<std::error_code(std::span<const std::uint8_t> address, fi_addr_t& handle)>;
+  /// Removes one handle from the AV (failures are the callee's to log).
+  using RemoveFn = std::function<void(fi_addr_t handle)>;
+
+  PeerTable(std::uint32_t addr_format, InsertFn insert, RemoveFn remove);
+  ~PeerTable();
+  PeerTable(const PeerTable&) = delete;
+  PeerTable& operator=(const PeerTable&) = delete;
+
+  /// Binds client_id to address and returns its AV handle, inserting the address only when no
+  /// live entry has it. Rebinding a client to a new address releases its old entry. On efa
+  /// (FI_ADDR_EFA) addresses must be 32 bytes and the identity is the first 18 (GID + QPN): an
+  /// address with the same identity but different bytes is a recycled queue pair, and every
+  /// client holding the stale incarnation is evicted before the new one is inserted.
+  fi_addr_t insert(std::uint64_t client_id, std::span<const std::uint8_t> address, std::error_code& ec);
+
+  /// Drops client_id's reference; the AV entry goes with the last one. Releasing twice is harmless.
+  void release(std::uint64_t client_id);
+  /// Releases everything (before the AV closes).
+  void clear();
+
+  /// The client's handle, if it holds one.
+  std::optional<fi_addr_t> find(std::uint64_t client_id) const;
+  /// Clients holding the entry that client_id holds (0 if none).
+  std::size_t use_count(std::uint64_t client_id) const;
+  /// Live AV entries.
+  std::size_t entries() const noexcept;
+  /// Clients bound to an entry.
+  std::size_t clients() const noexcept;
+  /// Clients evicted because their address's queue pair was recycled (efa), since construction.
+  std::uint64_t evictions() const noexcept;
+
+ private:
+  // Private members are the implementer's choice.
+};
+
+}  // namespace dma::detail

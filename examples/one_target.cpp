@@ -1,1 +1,88 @@
-int main(){}
+// The passive peer: exposes 4096 bytes, prints its advertisement, and waits for a transfer.
+//   one_target [--read] <bind> [<initiator-address-hex>]     (tcp)
+//   one_target [--read] --efa [<initiator-address-hex>]       (efa-direct: insert the initiator first)
+#include "common.hpp"
+
+#include <asio/io_context.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <thread>
+#include <vector>
+
+namespace {
+
+bool all_ab(const std::vector<std::byte>& buffer) {
+  const volatile std::byte* bytes = buffer.data();
+  for (std::size_t i = 0; i < buffer.size(); ++i) {
+    if (bytes[i] != std::byte{0xab}) return false;
+  }
+  return true;
+}
+
+std::string crc_text(const std::vector<std::byte>& buffer) {
+  char text[16];
+  std::snprintf(text, sizeof text, "0x%08x", dma::checksum(buffer));
+  return text;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return examples::run_main([&] {
+    examples::Arguments arguments;
+    std::vector<std::string_view> positionals;
+    for (int i = 1; i < argc; ++i) {
+      std::string_view arg = argv[i];
+      if (arg.starts_with("--")) {
+        arguments.flags.emplace_back(arg);
+      } else {
+        positionals.push_back(arg);
+      }
+    }
+    const bool read = arguments.has_flag("--read");
+    std::size_t next = 0;
+    if (arguments.has_flag("--efa")) {
+      arguments.configuration.providers = {dma::Provider::efa_direct};
+    } else if (next < positionals.size()) {
+      arguments.configuration.bind = std::string(positionals[next++]);
+    }
+
+    asio::io_context io;
+    dma::Target target(io, arguments.configuration);
+    std::thread progress([&] { io.run(); });
+    struct Join {
+      asio::io_context& io;
+      std::thread& thread;
+      ~Join() {
+        io.stop();
+        thread.join();
+      }
+    } join{io, progress};
+    auto guard = asio::make_work_guard(io);
+
+    if (next < positionals.size()) target.insert_initiator(dma::decode_hex(positionals[next]));
+
+    std::vector<std::byte> buffer(4096, read ? std::byte{0xab} : std::byte{0});
+    const auto region = target.expose(buffer);
+    std::printf("advertisement: %s\n", region.advertisement().to_string().c_str());
+    if (read) {
+      std::printf("serving 4096 bytes of 0xab for a remote read, crc %s — the initiator verifies\n",
+                  crc_text(buffer).c_str());
+    } else {
+      std::printf("waiting for a transfer into 4096 bytes...\n");
+    }
+    std::fflush(stdout);
+
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(300);
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (!read && all_ab(buffer)) {
+        std::printf("received 4096 bytes, crc %s — payload verified\n", crc_text(buffer).c_str());
+        return 0;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    if (read) return 0;
+    throw examples::Failure("timed out waiting for a transfer");
+  });
+}

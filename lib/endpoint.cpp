@@ -1,1 +1,239 @@
+#include "dma/endpoint.hpp"
 
+#include "dma/error.hpp"
+#include "hints.hpp"
+
+#include <rdma/fi_cm.h>
+#include <rdma/fi_eq.h>
+#include <rdma/fi_errno.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+
+namespace dma {
+namespace {
+
+std::string flag_list(std::uint64_t value, std::initializer_list<std::pair<std::uint64_t, const char*>> flags) {
+  std::string out;
+  for (const auto& [bit, name] : flags) {
+    if ((value & bit) == 0) continue;
+    if (!out.empty()) out += '|';
+    out += name;
+  }
+  return out;
+}
+
+std::string hex(std::uint64_t value) {
+  char buffer[24];
+  std::snprintf(buffer, sizeof buffer, "0x%llx", static_cast<unsigned long long>(value));
+  return buffer;
+}
+
+const char* or_empty(const char* text) { return text != nullptr ? text : ""; }
+
+}  // namespace
+
+std::vector<std::string> EndpointInfo::lines() const {
+  const auto mr_flags = flag_list(mr_mode, {{FI_MR_LOCAL, "LOCAL"},
+                                            {FI_MR_VIRT_ADDR, "VIRT_ADDR"},
+                                            {FI_MR_ALLOCATED, "ALLOCATED"},
+                                            {FI_MR_PROV_KEY, "PROV_KEY"},
+                                            {FI_MR_ENDPOINT, "ENDPOINT"},
+                                            {FI_MR_HMEM, "HMEM"}});
+  const auto cap_flags = flag_list(caps, {{FI_MSG, "MSG"},
+                                          {FI_RMA, "RMA"},
+                                          {FI_READ, "READ"},
+                                          {FI_WRITE, "WRITE"},
+                                          {FI_REMOTE_READ, "REMOTE_READ"},
+                                          {FI_REMOTE_WRITE, "REMOTE_WRITE"}});
+  return {
+      "provider: " + provider,
+      "addr_format: " + std::to_string(addr_format),
+      "mr_mode: " + hex(mr_mode) + " [" + mr_flags + "]",
+      "caps: " + hex(caps) + " [" + cap_flags + "]",
+      std::string("requires_local_mr: ") + (requires_local_mr ? "true" : "false"),
+      std::string("uses_virtual_addressing: ") + (uses_virtual_addressing ? "true" : "false"),
+  };
+}
+
+std::string fabric_version() {
+  const auto version = fi_version();
+  return std::to_string(FI_MAJOR(version)) + "." + std::to_string(FI_MINOR(version));
+}
+
+std::vector<std::string> discover_domains(const Configuration& configuration, std::error_code& ec) {
+  std::string what;
+  auto list = detail::query_info(configuration, ec, what);
+  std::vector<std::string> names;
+  if (ec) return names;
+  for (const fi_info* entry = list.get(); entry != nullptr; entry = entry->next) {
+    if (entry->domain_attr == nullptr || entry->domain_attr->name == nullptr) continue;
+    std::string name = entry->domain_attr->name;
+    if (std::find(names.begin(), names.end(), name) == names.end()) names.push_back(std::move(name));
+  }
+  return names;
+}
+
+std::vector<std::string> discover_domains(const Configuration& configuration) {
+  std::error_code ec;
+  auto names = discover_domains(configuration, ec);
+  throw_if(ec, "discover_domains");
+  return names;
+}
+
+void Endpoint::InfoDeleter::operator()(fi_info* info) const noexcept { fi_freeinfo(info); }
+
+Endpoint::Endpoint() noexcept = default;
+
+Endpoint::~Endpoint() { close(); }
+
+void Endpoint::close() noexcept {
+  endpoint_.reset();
+  cq_.reset();
+  av_.reset();
+  domain_.reset();
+  fabric_.reset();
+  fi_info_.reset();
+  wait_fd_ = -1;
+  local_address_.clear();
+}
+
+void Endpoint::open(const Configuration& configuration, Role role) {
+  std::error_code ec;
+  open(configuration, role, ec);
+  if (!ec) return;
+  const Provider provider = configuration.providers.empty() ? Provider::tcp : configuration.providers.front();
+  std::string what = "opening the " + std::string(to_string(provider)) + " endpoint";
+  if (configuration.bind) what += " bound to " + *configuration.bind;
+  throw std::system_error(ec, what + ": " + failed_step_);
+}
+
+void Endpoint::open(const Configuration& configuration, Role role, std::error_code& ec) {
+  close();
+  failed_step_.clear();
+  auto list = detail::query_info(configuration, ec, failed_step_);
+  if (ec) return;
+  const fi_info* chosen = list.get();
+  if (!configuration.interfaces.empty()) {
+    const auto& wanted = configuration.interfaces.front();
+    while (chosen != nullptr && (chosen->domain_attr->name == nullptr || wanted != chosen->domain_attr->name)) {
+      chosen = chosen->next;
+    }
+    if (chosen == nullptr) {
+      ec = errc::no_domain;
+      failed_step_ = "no fabric domain named \"" + wanted + "\"";
+      return;
+    }
+  }
+  fi_info_.reset(fi_dupinfo(chosen));
+  if (!fi_info_) {
+    ec = fabric_error(-FI_ENOMEM);
+    failed_step_ = "fi_dupinfo";
+    return;
+  }
+  (void)role;
+  open_objects(configuration, ec);
+  if (ec) close();
+}
+
+void Endpoint::open_objects(const Configuration& configuration, std::error_code& ec) {
+  const fi_info& info = *fi_info_;
+  info_.provider = or_empty(info.fabric_attr->prov_name);
+  info_.fabric = or_empty(info.fabric_attr->name);
+  info_.domain = or_empty(info.domain_attr->name);
+  info_.addr_format = info.addr_format;
+  info_.mr_mode = static_cast<std::uint64_t>(info.domain_attr->mr_mode);
+  info_.caps = info.caps;
+  info_.requires_local_mr = (info.domain_attr->mr_mode & FI_MR_LOCAL) != 0;
+  info_.uses_virtual_addressing = (info.domain_attr->mr_mode & FI_MR_VIRT_ADDR) != 0;
+  info_.tx_size = info.tx_attr->size;
+
+  auto check = [&](int code, const char* step) {
+    if (code != 0) {
+      ec = fabric_error(code);
+      failed_step_ = step;
+    }
+    return !ec;
+  };
+  if (!check(fi_fabric(info.fabric_attr, fabric_.out(), nullptr), "fi_fabric")) return;
+  if (!check(fi_domain(fabric_.get(), fi_info_.get(), domain_.out(), nullptr), "fi_domain")) return;
+  fi_av_attr av_attr{};
+  av_attr.type = FI_AV_MAP;
+  if (!check(fi_av_open(domain_.get(), &av_attr, av_.out(), nullptr), "fi_av_open")) return;
+  open_cq(configuration, ec);
+  if (ec) return;
+  if (!check(fi_endpoint(domain_.get(), fi_info_.get(), endpoint_.out(), nullptr), "fi_endpoint")) return;
+  if (!check(fi_ep_bind(endpoint_.get(), &av_.get()->fid, 0), "fi_ep_bind(av)")) return;
+  if (!check(fi_ep_bind(endpoint_.get(), &cq_.get()->fid, FI_TRANSMIT | FI_RECV), "fi_ep_bind(cq)")) return;
+  if (!check(fi_enable(endpoint_.get()), "fi_enable")) return;
+  read_local_address(ec);
+}
+
+void Endpoint::open_cq(const Configuration& configuration, std::error_code& ec) {
+  const std::size_t wanted_credits = requested_in_flight(configuration, info_.tx_size);
+  fi_cq_attr attr{};
+  attr.format = FI_CQ_FORMAT_CONTEXT;
+  attr.size = configuration.cq_size != 0 ? configuration.cq_size : std::max<std::size_t>(64, 2 * wanted_credits);
+  attr.wait_obj = configuration.wait_mode == WaitMode::busy_poll ? FI_WAIT_NONE : FI_WAIT_FD;
+  int code = fi_cq_open(domain_.get(), &attr, cq_.out(), nullptr);
+  if (code != 0 && attr.wait_obj == FI_WAIT_FD) {
+    // shm and efa-with-shm refuse an fd; the service then polls on its executor.
+    attr.wait_obj = FI_WAIT_NONE;
+    code = fi_cq_open(domain_.get(), &attr, cq_.out(), nullptr);
+  }
+  if (code != 0) {
+    ec = fabric_error(code);
+    failed_step_ = "fi_cq_open";
+    return;
+  }
+  info_.cq_size = attr.size;
+  info_.credits = std::min(wanted_credits, info_.cq_size);
+  if (attr.wait_obj == FI_WAIT_FD) {
+    int fd = -1;
+    if (fi_control(&cq_.get()->fid, FI_GETWAIT, &fd) == 0 && fd >= 0) wait_fd_ = fd;
+  }
+  info_.wait_fd = wait_fd_ >= 0;
+}
+
+void Endpoint::read_local_address(std::error_code& ec) {
+  std::size_t length = 0;
+  (void)fi_getname(&endpoint_.get()->fid, nullptr, &length);  // -FI_ETOOSMALL, with the size
+  if (length == 0) {
+    ec = fabric_error(-FI_EADDRNOTAVAIL);
+    failed_step_ = "fi_getname returned zero length";
+    return;
+  }
+  local_address_.resize(length);
+  if (int code = fi_getname(&endpoint_.get()->fid, local_address_.data(), &length); code != 0) {
+    ec = fabric_error(code);
+    failed_step_ = "fi_getname";
+    return;
+  }
+  local_address_.resize(length);
+}
+
+EndpointInfo Endpoint::describe() const { return info_; }
+
+fi_addr_t Endpoint::insert_address(std::span<const std::uint8_t> address, std::error_code& ec) noexcept {
+  fi_addr_t handle = FI_ADDR_NOTAVAIL;
+  const int inserted = fi_av_insert(av_.get(), address.data(), 1, &handle, 0, nullptr);
+  if (inserted < 0) {
+    ec = fabric_error(inserted);
+  } else if (inserted != 1) {
+    ec = errc::av_insert_failed;
+  }
+  return handle;
+}
+
+int Endpoint::remove_address(fi_addr_t handle) noexcept { return fi_av_remove(av_.get(), &handle, 1, 0); }
+
+detail::Fid<fid_mr> Endpoint::register_memory(const void* base, std::size_t length, std::uint64_t access,
+                                              std::uint64_t requested_key, std::error_code& ec) noexcept {
+  detail::Fid<fid_mr> mr;
+  const int code = fi_mr_reg(domain_.get(), base, length, access, 0, requested_key, 0, mr.out(), nullptr);
+  if (code != 0) ec = fabric_error(code);
+  return mr;
+}
+
+}  // namespace dma

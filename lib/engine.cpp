@@ -1,1 +1,551 @@
+#include "dma/detail/engine.hpp"
 
+#include "dma/advertisement.hpp"
+#include "dma/error.hpp"
+#include "peer_table.hpp"
+
+#include <asio/bind_executor.hpp>
+#include <asio/dispatch.hpp>
+#include <asio/posix/stream_descriptor.hpp>
+#include <asio/post.hpp>
+#include <asio/steady_timer.hpp>
+
+#include <rdma/fi_eq.h>
+#include <rdma/fi_errno.h>
+#include <rdma/fi_rma.h>
+
+#include <array>
+#include <mutex>
+#include <optional>
+#include <unordered_map>
+#include <unordered_set>
+
+namespace dma::detail {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Written only on the strand, read from anywhere: a relaxed load + store, no locked instruction.
+class Counter {
+ public:
+  void add(std::uint64_t n = 1) noexcept { value_.store(value_.load(std::memory_order_relaxed) + n, std::memory_order_relaxed); }
+  std::uint64_t get() const noexcept { return value_.load(std::memory_order_relaxed); }
+
+ private:
+  std::atomic<std::uint64_t> value_{0};
+};
+
+std::string duration_text(std::chrono::nanoseconds d) {
+  using namespace std::chrono;
+  if (d % seconds(1) == nanoseconds(0)) return std::to_string(duration_cast<seconds>(d).count()) + "s";
+  if (d % milliseconds(1) == nanoseconds(0)) return std::to_string(duration_cast<milliseconds>(d).count()) + "ms";
+  if (d % microseconds(1) == nanoseconds(0)) return std::to_string(duration_cast<microseconds>(d).count()) + "µs";
+  return std::to_string(d.count()) + "ns";
+}
+
+class EngineImpl final : public Engine, public std::enable_shared_from_this<EngineImpl> {
+ public:
+  EngineImpl(const asio::any_io_executor& executor, const Configuration& configuration)
+      : configuration_(configuration),
+        strand_(asio::make_strand(executor)),
+        backstop_(strand_),
+        shutdown_timer_(strand_) {
+    entries_.resize(std::max<std::size_t>(1, configuration_.cq_batch));
+  }
+
+  ~EngineImpl() override { abandon(); }
+
+  void open(std::error_code& ec, std::string& what) {
+    endpoint_.open(configuration_, Endpoint::Role::initiator, ec);
+    if (ec) {
+      what = endpoint_.failed_step();
+      return;
+    }
+    credits_ = endpoint_.credits();
+    peers_.emplace(
+        endpoint_.addr_format(),
+        [this](std::span<const std::uint8_t> address, fi_addr_t& handle) {
+          std::error_code insert_ec;
+          handle = endpoint_.insert_address(address, insert_ec);
+          return insert_ec;
+        },
+        [this](fi_addr_t handle) { (void)endpoint_.remove_address(handle); });
+    if (endpoint_.wait_fd() >= 0 && configuration_.wait_mode != WaitMode::busy_poll) {
+      // The fd belongs to libfabric: the descriptor is release()d, never closed, before fi_close(cq).
+      descriptor_.emplace(strand_, endpoint_.wait_fd());
+    }
+  }
+
+  // ---- any thread -------------------------------------------------------------------------
+  void submit(Operation* op) override {
+    outstanding_.fetch_add(1, std::memory_order_relaxed);
+    bool schedule = false;
+    {
+      std::lock_guard lock(intake_mutex_);
+      intake_.push_back(op);
+      schedule = !intake_scheduled_;
+      intake_scheduled_ = true;
+    }
+    if (schedule) asio::post(strand_, [self = shared_from_this()] { self->take_intake(); });
+  }
+
+  void cancel(Operation* op, std::uint64_t sequence) override {
+    asio::post(strand_, [self = shared_from_this(), op, sequence] { self->cancel_pending(op, sequence); });
+  }
+
+  std::uint64_t next_sequence() noexcept override { return sequence_.fetch_add(1, std::memory_order_relaxed); }
+
+  void remove_peer(std::uint64_t client_id) override {
+    asio::post(strand_, [self = shared_from_this(), client_id] { self->remove_or_defer(client_id); });
+  }
+
+  void shutdown() override {
+    asio::post(strand_, [self = shared_from_this()] { self->begin_shutdown(); });
+  }
+
+  std::size_t outstanding() const noexcept override { return outstanding_.load(std::memory_order_relaxed); }
+  const std::vector<std::uint8_t>& local_address() const noexcept override { return endpoint_.local_address(); }
+  EndpointInfo describe() const override { return endpoint_.describe(); }
+  const Configuration& configuration() const noexcept override { return configuration_; }
+  const strand_type& strand() const noexcept override { return strand_; }
+
+  Metrics metrics() const noexcept override {
+    Metrics m;
+    m.posted = posted_.get();
+    m.completed = completed_.get();
+    m.failed = failed_.get();
+    m.eagain = eagain_.get();
+    m.cq_reads = cq_reads_.get();
+    m.fd_wakeups = fd_wakeups_.get();
+    m.spin_hits = spin_hits_.get();
+    m.armed_late = armed_late_.get();
+    m.backstop_hits = backstop_hits_.get();
+    m.context_less_errors = context_less_errors_.get();
+    m.queue_errors = queue_errors_.get();
+    return m;
+  }
+
+  // ---- strand ------------------------------------------------------------------------------
+  std::error_code insert_peer(std::uint64_t client_id, std::span<const std::uint8_t> address) override {
+    if (!peers_) return errc::not_open;
+    std::error_code ec = validate(address);
+    if (!ec) (void)peers_->insert(client_id, address, ec);
+    return ec;
+  }
+
+ private:
+  std::error_code validate(std::span<const std::uint8_t> address) const;
+
+  void take_intake() {
+    OperationQueue batch;
+    {
+      std::lock_guard lock(intake_mutex_);
+      batch.swap(intake_);
+      intake_scheduled_ = false;
+    }
+    while (Operation* op = batch.pop_front()) accept(op);
+    post_pending();
+    schedule_progress();
+  }
+
+  void accept(Operation* op) {
+    if (stopping_) return fail(op, errc::shutdown);
+    if (std::error_code ec = validate(op->peer_address)) return fail(op, ec);
+    if (std::error_code ec = op->functions->resolve(*op)) return fail(op, ec);
+    ++by_client_[op->client_id];
+    pending_.push_back(op);
+  }
+
+  void cancel_pending(Operation* op, std::uint64_t sequence) {
+    // Compare before dereferencing: op may be long gone, and its address reused.
+    for (Operation* it = pending_.front(); it != nullptr; it = it->next) {
+      if (it != op || it->sequence != sequence) continue;
+      pending_.remove(op);
+      finish(op, asio::error::operation_aborted);
+      return;
+    }
+  }
+
+  // Posts while credits last. FI_MORE marks every post that has another one right behind it.
+  void post_pending() {
+    while (!pending_.empty() && in_flight_ < credits_) {
+      Operation* op = pending_.front();
+      std::error_code ec;
+      const fi_addr_t peer = prepare(*op, ec);
+      if (ec) {
+        pending_.pop_front();
+        finish(op, ec, 0, "preparing the post");
+        continue;
+      }
+      const bool more = op->next != nullptr && in_flight_ + 1 < credits_;
+      const ssize_t rc = post(*op, peer, more);
+      if (rc == 0) {
+        pending_.pop_front();
+        ++in_flight_;
+        posted_.add();
+        continue;
+      }
+      if (rc == -FI_EAGAIN) {
+        eagain_.add();
+        if (stalled(*op)) continue;
+        break;  // retried after the next CQ drain, never spun
+      }
+      pending_.pop_front();
+      finish(op, fabric_error(rc), 0, rc_detail(rc, *op));
+    }
+  }
+
+  // True when op went past its deadline and was failed (so the loop goes on with the next one).
+  bool stalled(Operation& op) {
+    const auto now = Clock::now();
+    if (op.stalled_since == Clock::time_point{}) op.stalled_since = now;
+    if (now - op.stalled_since < configuration_.progress_deadline) return false;
+    pending_.pop_front();
+    finish(&op, errc::progress_deadline, 0,
+           "no progress posting for " + duration_text(configuration_.progress_deadline) +
+               ": peer unreachable or transmit queue stuck");
+    return true;
+  }
+
+  static std::string rc_detail(ssize_t rc, const Operation& op) {
+    return std::string(op.direction == Direction::ToPeer ? "fi_writemsg" : "fi_readmsg") + " returned " +
+           std::to_string(rc);
+  }
+
+  // The peer's AV handle (inserted on first use, as the Rust crate does on every post) and the
+  // local descriptor where the provider needs one.
+  fi_addr_t prepare(Operation& op, std::error_code& ec) {
+    const fi_addr_t peer = peers_->insert(op.client_id, op.peer_address, ec);
+    if (!ec && endpoint_.requires_local_mr() && !op.local_mr) register_operand(op, ec);
+    return peer;
+  }
+
+  ssize_t post(Operation& op, fi_addr_t peer, bool more) {
+    iovec iov{op.buffer, op.length};
+    fi_rma_iov rma{op.remote_address, op.length, op.remote_key};
+    fi_msg_rma msg{};
+    msg.msg_iov = &iov;
+    msg.desc = &op.descriptor;
+    msg.iov_count = 1;
+    msg.addr = peer;
+    msg.rma_iov = &rma;
+    msg.rma_iov_count = 1;
+    msg.context = op.as_context();
+    const std::uint64_t flags = FI_COMPLETION | (more ? FI_MORE : 0);
+    if (op.direction == Direction::ToPeer) {
+      return fi_writemsg(endpoint_.endpoint(), &msg, flags | FI_DELIVERY_COMPLETE);
+    }
+    return fi_readmsg(endpoint_.endpoint(), &msg, flags);
+  }
+
+  void register_operand(Operation& op, std::error_code& ec) {
+    const std::uint64_t access = op.direction == Direction::ToPeer ? FI_WRITE : FI_READ;
+    op.local_mr = endpoint_.register_memory(op.buffer, op.length, access, 0, ec);
+    if (!ec) op.descriptor = fi_mr_desc(op.local_mr.get());
+  }
+
+  // ---- completions -----------------------------------------------------------------------
+  // Reads the CQ until it is empty; returns how many operations it finished.
+  std::size_t reap() {
+    std::size_t finished = 0;
+    for (;;) {
+      const ssize_t n = fi_cq_read(endpoint_.cq(), entries_.data(), entries_.size());
+      if (n > 0) {
+        cq_reads_.add();
+        for (ssize_t i = 0; i < n; ++i) {
+          --in_flight_;
+          finish(Operation::from_context(entries_[static_cast<std::size_t>(i)].op_context), {});
+        }
+        finished += static_cast<std::size_t>(n);
+        if (static_cast<std::size_t>(n) < entries_.size()) return finished;
+        continue;
+      }
+      if (n == -FI_EAVAIL) {
+        finished += read_error();
+        continue;
+      }
+      if (n != -FI_EAGAIN) queue_errors_.add();
+      return finished;
+    }
+  }
+
+  std::size_t read_error() {
+    fi_cq_err_entry entry{};
+    const ssize_t rc = fi_cq_readerr(endpoint_.cq(), &entry, 0);
+    if (rc <= 0) {
+      queue_errors_.add();
+      return 0;
+    }
+    if (entry.op_context == nullptr) {
+      // An endpoint-level fault: nothing to complete, and nothing to dereference.
+      context_less_errors_.add();
+      return 0;
+    }
+    --in_flight_;
+    char text[256] = {};
+    const char* provider_text =
+        fi_cq_strerror(endpoint_.cq(), entry.prov_errno, entry.err_data, text, sizeof text);
+    std::error_code ec = fabric_error(entry.err);
+    if (stopping_ && entry.err == FI_ECANCELED) ec = errc::shutdown;
+    finish(Operation::from_context(entry.op_context), ec, entry.prov_errno,
+           "completion error: " + std::string(fi_strerror(entry.err)) + " (err=" + std::to_string(entry.err) +
+               "); provider: " + (provider_text != nullptr ? provider_text : "") +
+               " (prov_errno=" + std::to_string(entry.prov_errno) + ")");
+    return 1;
+  }
+
+  // Every accepted operation ends here exactly once.
+  void finish(Operation* op, std::error_code ec, int provider_errno = 0, std::string detail = {}) {
+    op->local_mr.reset();
+    settle(op->client_id);
+    outstanding_.fetch_sub(1, std::memory_order_relaxed);
+    if (ec) {
+      failed_.add();
+      op->functions->complete(op, Outcome(ec, provider_errno, std::move(detail)));
+    } else {
+      completed_.add();
+      op->functions->complete(op, Outcome(TransferDone{op->length, std::nullopt}));
+    }
+  }
+
+  void fail(Operation* op, std::error_code ec) {
+    outstanding_.fetch_sub(1, std::memory_order_relaxed);
+    failed_.add();
+    op->functions->complete(op, Outcome(ec));
+  }
+
+  // One of client_id's accepted operations ended: a deferred removal may now go ahead.
+  void settle(std::uint64_t client_id) {
+    auto it = by_client_.find(client_id);
+    if (it == by_client_.end() || --it->second != 0) return;
+    by_client_.erase(it);
+    if (removal_pending_.erase(client_id) != 0 && peers_) peers_->release(client_id);
+  }
+
+  void remove_or_defer(std::uint64_t client_id) {
+    if (by_client_.contains(client_id)) {
+      removal_pending_.insert(client_id);
+    } else if (peers_) {
+      peers_->release(client_id);
+    }
+  }
+
+  // ---- progress ----------------------------------------------------------------------------
+  bool idle() const noexcept { return in_flight_ == 0 && pending_.empty(); }
+
+  // After any activity: reap, post, and make sure something will look at the CQ again.
+  void schedule_progress() {
+    if (closed_) return;
+    if (idle()) {
+      if (stopping_) close();
+      return;
+    }
+    if (in_flight_ == 0) return arm_backstop(std::chrono::milliseconds(1));  // all stalled on EAGAIN
+    if (configuration_.wait_mode == WaitMode::busy_poll || !descriptor_) return schedule_poll();
+    if (configuration_.wait_mode == WaitMode::adaptive && spin()) return;
+    arm_wait();
+  }
+
+  // One pass of the reaper: drain, post what the drain made room for, wait again.
+  void progress() {
+    reap();
+    post_pending();
+    schedule_progress();
+  }
+
+  void schedule_poll() {
+    if (poll_scheduled_) return;
+    poll_scheduled_ = true;
+    asio::post(strand_, [self = shared_from_this()] {
+      self->poll_scheduled_ = false;
+      self->progress();
+    });
+  }
+
+  // Polls for up to spin_budget. Returns true when the caller should not arm (someone else will
+  // run the next pass, or nothing is outstanding).
+  bool spin() {
+    const auto deadline = Clock::now() + configuration_.spin_budget;
+    while (Clock::now() < deadline) {
+      if (intake_waiting()) return true;  // the intake handler runs the next pass
+      if (reap() == 0) continue;
+      spin_hits_.add();
+      post_pending();
+      if (idle()) {
+        schedule_progress();
+        return true;
+      }
+    }
+    return false;
+  }
+
+  bool intake_waiting() {
+    std::lock_guard lock(intake_mutex_);
+    return intake_scheduled_;
+  }
+
+  void arm_wait() {
+    if (wait_armed_) return;
+    fid* fids[] = {&endpoint_.cq()->fid};
+    const int rc = fi_trywait(endpoint_.fabric(), fids, 1);
+    if (rc == -FI_EAGAIN) return schedule_poll();  // completions are ready: yield, then drain
+    if (rc != 0) return schedule_poll();             // no usable wait object: poll
+    wait_armed_ = true;
+    descriptor_->async_wait(asio::posix::descriptor_base::wait_read,
+                            [self = shared_from_this()](std::error_code ec) { self->on_wake(ec); });
+    // An edge that fired between fi_trywait and the arm is lost to an epoll reactor; one read now
+    // catches whatever it announced.
+    if (reap() != 0) {
+      armed_late_.add();
+      post_pending();
+    }
+    arm_backstop(configuration_.backstop_interval);
+  }
+
+  void on_wake(std::error_code ec) {
+    wait_armed_ = false;
+    if (ec == asio::error::operation_aborted || closed_) return;
+    fd_wakeups_.add();
+    progress();
+  }
+
+  void arm_backstop(std::chrono::nanoseconds interval) {
+    if (backstop_armed_) return;
+    backstop_armed_ = true;
+    backstop_.expires_after(interval);
+    backstop_.async_wait([self = shared_from_this()](std::error_code ec) { self->on_backstop(ec); });
+  }
+
+  void on_backstop(std::error_code ec) {
+    backstop_armed_ = false;
+    if (ec == asio::error::operation_aborted || closed_) return;
+    if (reap() != 0) backstop_hits_.add();
+    post_pending();
+    schedule_progress();
+    if (!idle() && !backstop_armed_) arm_backstop(configuration_.backstop_interval);
+  }
+
+  // ---- shutdown ----------------------------------------------------------------------------
+  void begin_shutdown() {
+    if (stopping_) return;
+    stopping_ = true;
+    OperationQueue batch;
+    {
+      std::lock_guard lock(intake_mutex_);
+      batch.swap(intake_);
+    }
+    while (Operation* op = batch.pop_front()) fail(op, errc::shutdown);
+    while (Operation* op = pending_.pop_front()) finish(op, errc::shutdown, 0, "never posted");
+    if (idle()) return close();
+    shutdown_timer_.expires_after(configuration_.progress_deadline);
+    shutdown_timer_.async_wait([self = shared_from_this()](std::error_code ec) {
+      if (!ec && !self->closed_) self->flush_and_close();
+    });
+    schedule_progress();
+  }
+
+  // Posted operations that outlived the grace period: closing the endpoint makes the provider hand
+  // every one of them back (FI_ECANCELED), and only then is their memory released.
+  void flush_and_close() {
+    endpoint_.close_endpoint();
+    reap();
+    close();
+  }
+
+  void close() {
+    if (closed_) return;
+    closed_ = true;
+    backstop_.cancel();
+    shutdown_timer_.cancel();
+    if (descriptor_) {
+      descriptor_->cancel();
+      (void)descriptor_->release();
+      descriptor_.reset();
+    }
+    if (peers_) peers_->clear();
+    peers_.reset();
+    endpoint_.close();
+  }
+
+  // The execution context is going away with work still posted: flush and free without invoking.
+  void abandon() noexcept {
+    if (descriptor_) {
+      (void)descriptor_->release();
+      descriptor_.reset();
+    }
+    if (endpoint_.cq() == nullptr) return;
+    while (Operation* op = pending_.pop_front()) op->functions->destroy(op);
+    {
+      std::lock_guard lock(intake_mutex_);
+      while (Operation* op = intake_.pop_front()) op->functions->destroy(op);
+    }
+    if (in_flight_ > 0) {
+      endpoint_.close_endpoint();
+      for (int round = 0; round < 1000 && in_flight_ > 0; ++round) {
+        const ssize_t n = fi_cq_read(endpoint_.cq(), entries_.data(), entries_.size());
+        if (n > 0) {
+          for (ssize_t i = 0; i < n; ++i) destroy_in_flight(entries_[static_cast<std::size_t>(i)].op_context);
+        } else if (n == -FI_EAVAIL) {
+          fi_cq_err_entry entry{};
+          if (fi_cq_readerr(endpoint_.cq(), &entry, 0) > 0 && entry.op_context != nullptr) {
+            destroy_in_flight(entry.op_context);
+          }
+        }
+      }
+    }
+    if (peers_) peers_->clear();
+    endpoint_.close();
+  }
+
+  void destroy_in_flight(void* context) noexcept {
+    --in_flight_;
+    Operation* op = Operation::from_context(context);
+    op->local_mr.reset();
+    op->functions->destroy(op);
+  }
+
+  Configuration configuration_;
+  strand_type strand_;
+  Endpoint endpoint_;
+  std::optional<PeerTable> peers_;
+  std::optional<asio::posix::stream_descriptor> descriptor_;
+  asio::steady_timer backstop_;
+  asio::steady_timer shutdown_timer_;
+
+  std::mutex intake_mutex_;
+  OperationQueue intake_;
+  bool intake_scheduled_ = false;
+  std::atomic<std::size_t> outstanding_{0};
+  std::atomic<std::uint64_t> sequence_{1};
+
+  OperationQueue pending_;
+  std::size_t in_flight_ = 0;
+  std::size_t credits_ = 1;
+  std::unordered_map<std::uint64_t, std::size_t> by_client_;
+  std::unordered_set<std::uint64_t> removal_pending_;
+  std::vector<fi_cq_entry> entries_;
+  bool wait_armed_ = false;
+  bool backstop_armed_ = false;
+  bool poll_scheduled_ = false;
+  bool stopping_ = false;
+  bool closed_ = false;
+
+  Counter posted_, completed_, failed_, eagain_, cq_reads_, fd_wakeups_, spin_hits_, armed_late_, backstop_hits_,
+      context_less_errors_, queue_errors_;
+};
+
+std::error_code EngineImpl::validate(std::span<const std::uint8_t> address) const {
+  return validate_address(address, endpoint_.addr_format());
+}
+
+}  // namespace
+
+std::shared_ptr<Engine> Engine::create(const asio::any_io_executor& executor, const Configuration& configuration,
+                                       std::error_code& ec, std::string& what) {
+  auto engine = std::make_shared<EngineImpl>(executor, configuration);
+  engine->open(ec, what);
+  if (ec) return nullptr;
+  return engine;
+}
+
+}  // namespace dma::detail

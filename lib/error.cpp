@@ -25,6 +25,7 @@ class LibraryCategory final : public std::error_category {
       case errc::address_multicast: return "advertised address is a multicast address";
       case errc::address_broadcast: return "advertised address is the broadcast address";
       case errc::address_format_unsupported: return "this endpoint's address format cannot be validated";
+      case errc::advertisement_too_long: return "advertisement is longer than 512 characters";
       case errc::no_source: return "the caller context supplied no source bytes for a ToPeer transfer";
       case errc::no_landing_buffer: return "the caller context allocated no landing buffer for a FromPeer transfer";
       case errc::landing_buffer_too_small:
@@ -57,7 +58,8 @@ class LibraryCategory final : public std::error_category {
       case errc::address_unspecified:
       case errc::address_multicast:
       case errc::address_broadcast:
-      case errc::address_format_unsupported: return condition::invalid_advertisement;
+      case errc::address_format_unsupported:
+      case errc::advertisement_too_long: return condition::invalid_advertisement;
       case errc::no_source:
       case errc::no_landing_buffer:
       case errc::landing_buffer_too_small:

@@ -1,1 +1,139 @@
+// The refcounted peer-address table (seed §7), with exact reference counts instead of weak entries.
+#include "peer_table.hpp"
 
+#include <dma/error.hpp>
+
+#include <algorithm>
+#include <utility>
+
+namespace dma::detail {
+
+namespace {
+
+// fi_av_insert reads exactly this many bytes of an efa address, whatever the caller passes.
+constexpr std::size_t efa_address_bytes = 32;
+// GID (16) + QPN (2): the device hands a closed endpoint's QPN to the next one, so only the QKEY
+// tells two incarnations of a slot apart, and efa-direct's reverse AV cannot hold both.
+constexpr std::size_t efa_identity_bytes = 18;
+
+std::string_view as_chars(std::span<const std::uint8_t> bytes) noexcept {
+  return {reinterpret_cast<const char*>(bytes.data()), bytes.size()};
+}
+
+bool same_bytes(const std::vector<std::uint8_t>& stored, std::span<const std::uint8_t> address) noexcept {
+  return std::ranges::equal(stored, address);
+}
+
+}  // namespace
+
+std::size_t PeerTable::IdentityHash::operator()(std::string_view identity) const noexcept {
+  return std::hash<std::string_view>{}(identity);
+}
+
+PeerTable::PeerTable(std::uint32_t addr_format, InsertFn insert, RemoveFn remove)
+    : efa_(addr_format == FI_ADDR_EFA), insert_(std::move(insert)), remove_(std::move(remove)) {}
+
+PeerTable::~PeerTable() = default;
+
+fi_addr_t PeerTable::insert(std::uint64_t client_id, std::span<const std::uint8_t> address,
+                            std::error_code& ec) {
+  ec.clear();
+  // Hot path, taken on every post: the bytes match what the client holds, so their length was checked.
+  auto held = by_client_.find(client_id);
+  if (held != by_client_.end() && same_bytes(held->second->address, address)) return held->second->handle;
+  if (efa_ && address.size() != efa_address_bytes) {
+    ec = make_error_code(errc::address_length);
+    return FI_ADDR_NOTAVAIL;
+  }
+  if (auto live = by_identity_.find(identity_of(address)); live != by_identity_.end()) {
+    if (same_bytes(live->second.address, address)) return join(client_id, live->second);
+    evict(client_id, live);
+  }
+  // Released before the insert, so the old AV entry is gone before the new one arrives.
+  release(client_id);
+  return add(client_id, address, ec);
+}
+
+void PeerTable::release(std::uint64_t client_id) {
+  auto held = by_client_.find(client_id);
+  if (held == by_client_.end()) return;
+  Entry& entry = *held->second;
+  by_client_.erase(held);
+  unref(entry);
+}
+
+void PeerTable::clear() {
+  // Emptied before RemoveFn runs, so the table is consistent whatever the callee does.
+  by_client_.clear();
+  for (auto& [identity, entry] : std::exchange(by_identity_, {})) remove_(entry.handle);
+}
+
+std::optional<fi_addr_t> PeerTable::find(std::uint64_t client_id) const {
+  auto held = by_client_.find(client_id);
+  if (held == by_client_.end()) return std::nullopt;
+  return held->second->handle;
+}
+
+std::size_t PeerTable::use_count(std::uint64_t client_id) const {
+  auto held = by_client_.find(client_id);
+  return held == by_client_.end() ? 0 : held->second->refs;
+}
+
+std::size_t PeerTable::entries() const noexcept { return by_identity_.size(); }
+
+std::size_t PeerTable::clients() const noexcept { return by_client_.size(); }
+
+std::uint64_t PeerTable::evictions() const noexcept { return evictions_; }
+
+std::string_view PeerTable::identity_of(std::span<const std::uint8_t> address) const noexcept {
+  return as_chars(efa_ ? address.first(efa_identity_bytes) : address);
+}
+
+// The client holds some other entry (or none): the hot path already caught this one.
+fi_addr_t PeerTable::join(std::uint64_t client_id, Entry& entry) {
+  release(client_id);
+  by_client_.emplace(client_id, &entry);
+  ++entry.refs;
+  return entry.handle;
+}
+
+// A live entry with this identity but other bytes is a dead incarnation of a recycled queue pair:
+// nobody can reach it any more, and it blocks the slot the new incarnation needs.
+void PeerTable::evict(std::uint64_t client_id, ByIdentity::iterator stale) {
+  const Entry* dead = &stale->second;
+  std::erase_if(by_client_, [&](const auto& binding) {
+    if (binding.second != dead) return false;
+    evictions_ += binding.first != client_id;
+    return true;
+  });
+  const fi_addr_t handle = dead->handle;
+  by_identity_.erase(stale);
+  remove_(handle);
+}
+
+fi_addr_t PeerTable::add(std::uint64_t client_id, std::span<const std::uint8_t> address,
+                         std::error_code& ec) {
+  fi_addr_t handle = FI_ADDR_NOTAVAIL;
+  if ((ec = insert_(address, handle))) return FI_ADDR_NOTAVAIL;
+  auto node = by_identity_.end();
+  try {
+    Entry entry{{address.begin(), address.end()}, handle, 1};
+    node = by_identity_.try_emplace(std::string(identity_of(address)), std::move(entry)).first;
+    by_client_.emplace(client_id, &node->second);
+  } catch (...) {
+    // An AV entry the table does not track would never be removed.
+    if (node != by_identity_.end()) by_identity_.erase(node);
+    remove_(handle);
+    throw;
+  }
+  return handle;
+}
+
+void PeerTable::unref(Entry& entry) {
+  if (--entry.refs > 0) return;
+  const fi_addr_t handle = entry.handle;
+  by_identity_.erase(by_identity_.find(identity_of(entry.address)));
+  remove_(handle);
+}
+
+}  // namespace dma::detail

@@ -6,7 +6,10 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <span>
+#include <string>
+#include <string_view>
 #include <system_error>
 #include <unordered_map>
 #include <vector>
@@ -34,7 +37,8 @@ class PeerTable {
 
   /// Drops client_id's reference; the AV entry goes with the last one. Releasing twice is harmless.
   void release(std::uint64_t client_id);
-  /// Releases everything (before the AV closes).
+  /// Releases everything (before the AV closes). The destructor does not: closing the AV drops its
+  /// entries anyway, and by then the AV may already be gone.
   void clear();
 
   /// The client's handle, if it holds one.
@@ -45,11 +49,36 @@ class PeerTable {
   std::size_t entries() const noexcept;
   /// Clients bound to an entry.
   std::size_t clients() const noexcept;
-  /// Clients evicted because their address's queue pair was recycled (efa), since construction.
+  /// Clients evicted because their address's queue pair was recycled (efa), since construction. The
+  /// client advertising the new incarnation is rebound, not evicted, and is not counted.
   std::uint64_t evictions() const noexcept;
 
  private:
-  // Private members are the implementer's choice.
+  /// One live AV entry; its node in by_identity_ owns it, so pointers to it stay valid until erased.
+  struct Entry {
+    std::vector<std::uint8_t> address;
+    fi_addr_t handle;
+    std::size_t refs;
+  };
+  /// Hashes std::string keys and std::string_view probes alike, so lookups never allocate.
+  struct IdentityHash {
+    using is_transparent = void;
+    std::size_t operator()(std::string_view identity) const noexcept;
+  };
+  using ByIdentity = std::unordered_map<std::string, Entry, IdentityHash, std::equal_to<>>;
+
+  std::string_view identity_of(std::span<const std::uint8_t> address) const noexcept;
+  fi_addr_t join(std::uint64_t client_id, Entry& entry);
+  void evict(std::uint64_t client_id, ByIdentity::iterator stale);
+  fi_addr_t add(std::uint64_t client_id, std::span<const std::uint8_t> address, std::error_code& ec);
+  void unref(Entry& entry);
+
+  bool efa_;
+  InsertFn insert_;
+  RemoveFn remove_;
+  ByIdentity by_identity_;  ///< identity → the live entry with that identity (at most one)
+  std::unordered_map<std::uint64_t, Entry*> by_client_;
+  std::uint64_t evictions_ = 0;
 };
 
 }  // namespace dma::detail

@@ -1,1 +1,208 @@
+#include "dma/target.hpp"
 
+#include "dma/error.hpp"
+
+#include <asio/posix/stream_descriptor.hpp>
+#include <asio/post.hpp>
+#include <asio/steady_timer.hpp>
+
+#include <rdma/fi_domain.h>
+#include <rdma/fi_eq.h>
+#include <rdma/fi_errno.h>
+
+#include <atomic>
+#include <mutex>
+#include <optional>
+#include <random>
+
+namespace dma {
+namespace {
+
+std::uint64_t access_bits(Target::Access access) {
+  switch (access) {
+    case Target::Access::read: return FI_REMOTE_READ;
+    case Target::Access::write: return FI_REMOTE_WRITE;
+    case Target::Access::read_write: break;
+  }
+  return FI_REMOTE_READ | FI_REMOTE_WRITE;
+}
+
+std::uint64_t random_key() {
+  static thread_local std::mt19937_64 engine{[] {
+    std::random_device device;
+    return (static_cast<std::uint64_t>(device()) << 32) ^ device();
+  }()};
+  return engine();
+}
+
+constexpr auto backstop_interval = std::chrono::milliseconds(5);
+
+}  // namespace
+
+// Everything libfabric is touched under `mutex` (the endpoint is FI_THREAD_DOMAIN): the progress
+// handlers on the executor and expose/withdraw from any thread.
+struct Target::State : std::enable_shared_from_this<State> {
+  State(const executor_type& executor) : executor(executor), timer(executor) {}
+
+  void start() {
+    if (endpoint.wait_fd() >= 0) descriptor.emplace(executor, endpoint.wait_fd());
+    asio::post(executor, [self = shared_from_this()] { self->progress(); });
+  }
+
+  // Drain (which is what moves tcp's manual progress), then wait for the fd or the backstop.
+  void progress() {
+    std::lock_guard lock(mutex);
+    if (stopped) return;
+    passes.fetch_add(1, std::memory_order_relaxed);
+    drain();
+    if (descriptor && !wait_armed) {
+      fid* fids[] = {&endpoint.cq()->fid};
+      if (fi_trywait(endpoint.fabric(), fids, 1) == 0) {
+        wait_armed = true;
+        descriptor->async_wait(asio::posix::descriptor_base::wait_read, [self = shared_from_this()](std::error_code ec) {
+          self->wait_armed = false;
+          if (ec != asio::error::operation_aborted) self->progress();
+        });
+      } else {
+        asio::post(executor, [self = shared_from_this()] { self->progress(); });
+        return;
+      }
+    }
+    if (!timer_armed) {
+      timer_armed = true;
+      timer.expires_after(backstop_interval);
+      timer.async_wait([self = shared_from_this()](std::error_code ec) {
+        self->timer_armed = false;
+        if (ec != asio::error::operation_aborted) self->progress();
+      });
+    }
+  }
+
+  void drain() {
+    fi_cq_entry entries[16];
+    for (int round = 0; round < 64; ++round) {
+      const ssize_t n = fi_cq_read(endpoint.cq(), entries, 16);
+      if (n > 0) continue;
+      if (n == -FI_EAVAIL) {
+        fi_cq_err_entry entry{};
+        (void)fi_cq_readerr(endpoint.cq(), &entry, 0);
+        continue;
+      }
+      return;
+    }
+  }
+
+  void stop() {
+    std::lock_guard lock(mutex);
+    stopped = true;
+    timer.cancel();
+    if (descriptor) {
+      descriptor->cancel();
+      (void)descriptor->release();
+    }
+  }
+
+  ~State() {
+    if (descriptor) (void)descriptor->release();
+  }
+
+  executor_type executor;
+  std::mutex mutex;
+  Endpoint endpoint;
+  std::optional<asio::posix::stream_descriptor> descriptor;
+  asio::steady_timer timer;
+  bool wait_armed = false;
+  bool timer_armed = false;
+  bool stopped = false;
+  std::atomic<std::uint64_t> passes{0};
+};
+
+Target::Target(const executor_type& executor, const Configuration& configuration)
+    : state_(std::make_shared<State>(executor)) {
+  state_->endpoint.open(configuration, Endpoint::Role::target);
+  state_->start();
+}
+
+Target::~Target() {
+  if (state_) state_->stop();
+}
+
+Target::Region Target::expose(std::span<std::byte> buffer, Access access) {
+  std::error_code ec;
+  Region region = expose(buffer, access, ec);
+  if (ec) throw std::system_error(ec, "fi_mr_reg of " + std::to_string(buffer.size()) + " bytes for remote access");
+  return region;
+}
+
+Target::Region Target::expose(std::span<std::byte> buffer, Access access, std::error_code& ec) {
+  ec.clear();
+  if (buffer.empty()) {
+    ec = errc::zero_length_region;
+    return {};
+  }
+  std::lock_guard lock(state_->mutex);
+  Endpoint& endpoint = state_->endpoint;
+  const bool provider_keys = (endpoint.describe().mr_mode & FI_MR_PROV_KEY) != 0;
+  detail::Fid<fid_mr> mr;
+  // Random keys make a guessed rkey useless; a duplicate (-FI_ENOKEY) just draws again.
+  for (int attempt = 0; attempt < 8; ++attempt) {
+    ec.clear();
+    mr = endpoint.register_memory(buffer.data(), buffer.size(), access_bits(access),
+                                  provider_keys ? 0 : random_key(), ec);
+    if (ec != fabric_error(-FI_ENOKEY)) break;
+  }
+  if (ec) return {};
+  Region region;
+  region.advertisement_.address = endpoint.local_address();
+  region.advertisement_.remote_key = fi_mr_key(mr.get());
+  region.advertisement_.remote_address =
+      endpoint.uses_virtual_addressing() ? reinterpret_cast<std::uintptr_t>(buffer.data()) : 0;
+  region.bytes_ = buffer;
+  region.mr_ = mr.release();
+  region.state_ = state_;
+  return region;
+}
+
+void Target::insert_initiator(std::span<const std::uint8_t> address) {
+  std::error_code ec;
+  insert_initiator(address, ec);
+  throw_if(ec, "inserting the initiator's " + std::to_string(address.size()) + "-byte address");
+}
+
+void Target::insert_initiator(std::span<const std::uint8_t> address, std::error_code& ec) {
+  ec = validate_address(address, state_->endpoint.addr_format());
+  if (ec) return;
+  std::lock_guard lock(state_->mutex);
+  (void)state_->endpoint.insert_address(address, ec);
+}
+
+std::span<const std::uint8_t> Target::local_address() const noexcept { return state_->endpoint.local_address(); }
+EndpointInfo Target::describe() const { return state_->endpoint.describe(); }
+Target::executor_type Target::get_executor() const noexcept { return state_->executor; }
+std::uint64_t Target::progress_passes() const noexcept { return state_->passes.load(std::memory_order_relaxed); }
+
+Target::Region::Region() noexcept = default;
+Target::Region::Region(Region&& other) noexcept
+    : state_(std::move(other.state_)),
+      mr_(std::exchange(other.mr_, nullptr)),
+      bytes_(other.bytes_),
+      advertisement_(std::move(other.advertisement_)) {}
+
+Target::Region& Target::Region::operator=(Region&& other) noexcept {
+  if (this != &other) {
+    Region discard(std::move(*this));
+    state_ = std::move(other.state_);
+    mr_ = std::exchange(other.mr_, nullptr);
+    bytes_ = other.bytes_;
+    advertisement_ = std::move(other.advertisement_);
+  }
+  return *this;
+}
+
+Target::Region::~Region() {
+  if (state_ == nullptr || mr_ == nullptr) return;
+  std::lock_guard lock(state_->mutex);
+  detail::Fid<fid_mr> closing(static_cast<fid_mr*>(mr_));
+}
+
+}  // namespace dma

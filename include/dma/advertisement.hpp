@@ -22,14 +22,20 @@ struct Advertisement {
   std::uint64_t remote_key = 0;       ///< the rkey of the peer's registration
   std::uint64_t remote_address = 0;   ///< VA on FI_MR_VIRT_ADDR providers, offset (usually 0) on tcp
 
-  /// Parses whitespace-separated text with exactly three fields.
+  /// Parses text of exactly three fields separated by ASCII whitespace (a trailing newline is fine).
+  /// Text longer than max_advertisement_length is errc::advertisement_too_long, any other field count
+  /// errc::advertisement_arity, then as from_fields(). The throwing overload throws std::system_error
+  /// naming the offending field and its value; the error_code overload returns an empty Advertisement.
   static Advertisement parse(std::string_view text);
   static Advertisement parse(std::string_view text, std::error_code& ec);
   /// Parses exactly three fields: hex address (either case), decimal rkey, decimal remote address.
+  /// Errors: advertisement_arity, advertisement_hex, advertisement_integer. An empty address field is
+  /// accepted, as the Rust crate does; validate_address() is what rejects it.
   static Advertisement from_fields(std::span<const std::string_view> fields);
   static Advertisement from_fields(std::span<const std::string_view> fields, std::error_code& ec);
 
-  /// `<lowercase-hex> <rkey> <remote-addr>`.
+  /// `<lowercase-hex> <rkey> <remote-addr>`; parse() gives back an equal Advertisement unless the
+  /// address is empty (its text then has only two fields).
   std::string to_string() const;
 
   friend bool operator==(const Advertisement&, const Advertisement&) = default;

@@ -1,1 +1,287 @@
+// dma::asynchronous::FabricService: the core, an Asio I/O object whose submit() takes any
+// completion token. `co_await service.submit(request)` resumes when the transfer's CQ entry arrives.
 #pragma once
+
+#include <dma/config.hpp>
+#include <dma/configuration.hpp>
+#include <dma/checksum.hpp>
+#include <dma/detail/engine.hpp>
+#include <dma/endpoint.hpp>
+#include <dma/error.hpp>
+#include <dma/transfer.hpp>
+
+#include <asio/any_io_executor.hpp>
+#include <asio/associated_allocator.hpp>
+#include <asio/associated_cancellation_slot.hpp>
+#include <asio/associated_executor.hpp>
+#include <asio/async_result.hpp>
+#include <asio/dispatch.hpp>
+#include <asio/execution/outstanding_work.hpp>
+#include <asio/post.hpp>
+#include <asio/prefer.hpp>
+#include <asio/recycling_allocator.hpp>
+#include <asio/use_awaitable.hpp>
+
+#include <memory>
+#include <span>
+#include <string>
+#include <system_error>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace dma {
+namespace detail {
+
+/// One submitted transfer with its caller's context and completion handler.
+template <typename Context, typename Handler, typename IoExecutor>
+struct TransferOp final : Operation {
+  using HandlerExecutor = asio::associated_executor_t<Handler, IoExecutor>;
+  using WorkExecutor = std::decay_t<decltype(asio::prefer(std::declval<const HandlerExecutor&>(),
+                                                          asio::execution::outstanding_work.tracked))>;
+  using Allocator = typename std::allocator_traits<
+      asio::associated_allocator_t<Handler, asio::recycling_allocator<void>>>::template rebind_alloc<TransferOp>;
+
+  TransferOp(Handler&& handler_in, const IoExecutor& io_executor)
+      : handler(std::move(handler_in)),
+        work(asio::prefer(asio::get_associated_executor(handler, io_executor),
+                          asio::execution::outstanding_work.tracked)) {
+    functions = &table;
+  }
+
+  static TransferOp* create(Handler&& handler, TransferRequest<Context>&& request, const IoExecutor& io_executor) {
+    Allocator allocator(asio::get_associated_allocator(handler, asio::recycling_allocator<void>()));
+    TransferOp* op = std::allocator_traits<Allocator>::allocate(allocator, 1);
+    try {
+      std::allocator_traits<Allocator>::construct(allocator, op, std::move(handler), io_executor);
+    } catch (...) {
+      std::allocator_traits<Allocator>::deallocate(allocator, op, 1);
+      throw;
+    }
+    op->client_id = request.client_id;
+    op->peer_address = std::move(request.peer_address);
+    op->remote_key = request.remote_key;
+    op->remote_address = request.remote_address;
+    op->direction = request.direction;
+    op->length = request.length;
+    op->want_checksum = request.want_checksum;
+    op->caller_context = std::move(request.caller_context);
+    return op;
+  }
+
+  static void free(TransferOp* op) noexcept {
+    Allocator allocator(asio::get_associated_allocator(op->handler, asio::recycling_allocator<void>()));
+    std::allocator_traits<Allocator>::destroy(allocator, op);
+    std::allocator_traits<Allocator>::deallocate(allocator, op, 1);
+  }
+
+  static std::error_code resolve(Operation& base) {
+    auto& op = static_cast<TransferOp&>(base);
+    if (op.direction == Direction::ToPeer) {
+      auto source = Operands<Context>::source(op.caller_context);
+      if (!source) return errc::no_source;
+      op.buffer = const_cast<std::byte*>(source->data());  // the provider only reads a write's source
+      op.length = source->size();
+      return {};
+    }
+    auto landing = Operands<Context>::allocate(op.caller_context, op.length);
+    if (!landing) return errc::no_landing_buffer;
+    if (landing->size() < op.length) return errc::landing_buffer_too_small;
+    op.buffer = landing->data();
+    return {};
+  }
+
+  static std::optional<CacheableSpan> cacheable_span(const Operation& base) {
+    return Operands<Context>::cacheable_span(static_cast<const TransferOp&>(base).caller_context);
+  }
+
+  // The operation is freed before the handler runs, so a handler may submit again at once.
+  static void complete(Operation* base, Outcome&& outcome) {
+    auto* op = static_cast<TransferOp*>(base);
+    if (outcome.ok() && op->want_checksum) {
+      outcome = Outcome(TransferDone{op->length, checksum(std::span<const std::byte>(op->buffer, op->length))});
+    }
+    auto slot = asio::get_associated_cancellation_slot(op->handler);
+    if (slot.is_connected()) slot.clear();
+    Handler handler(std::move(op->handler));
+    WorkExecutor work(std::move(op->work));
+    Completion<Context> completion{std::move(op->caller_context), std::move(outcome)};
+    free(op);
+    asio::dispatch(work, [handler = std::move(handler), completion = std::move(completion)]() mutable {
+      std::move(handler)(std::move(completion));
+    });
+  }
+
+  static void destroy(Operation* base) { free(static_cast<TransferOp*>(base)); }
+
+  static constexpr OperationFunctions table{&resolve, &complete, &destroy, &cacheable_span};
+
+  Context caller_context{};
+  Handler handler;
+  WorkExecutor work;
+};
+
+/// Installed in a handler's cancellation slot: cancels the operation while it is not yet posted.
+struct Canceller {
+  std::shared_ptr<Engine> engine;
+  Operation* op;
+  std::uint64_t sequence;
+  void operator()(asio::cancellation_type type) const {
+    if (type != asio::cancellation_type::none) engine->cancel(op, sequence);
+  }
+};
+
+}  // namespace detail
+
+namespace asynchronous {
+
+/// The asynchronous fabric service: one endpoint whose completions are watched by the caller's
+/// executor (the CQ's wait fd on the io_context's reactor). Public member functions may be called
+/// from any thread.
+///
+/// Context is the caller's per-transfer context; it supplies the operand (see dma::Operands) and
+/// comes back by value in the Completion.
+template <typename Context, typename Executor = asio::any_io_executor>
+class FabricService {
+ public:
+  using executor_type = Executor;
+  using context_type = Context;
+  using completion_signature = void(Completion<Context>);
+
+  template <typename OtherExecutor>
+  struct rebind_executor {
+    using other = FabricService<Context, OtherExecutor>;
+  };
+
+  /// A closed service; open() it before submitting.
+  explicit FabricService(const executor_type& executor) : executor_(executor) {}
+
+  /// Opens the endpoint at once; throws std::system_error naming the step that failed.
+  FabricService(const executor_type& executor, const Configuration& configuration) : executor_(executor) {
+    open(configuration);
+  }
+
+  template <typename ExecutionContext>
+    requires std::is_convertible_v<ExecutionContext&, asio::execution_context&>
+  FabricService(ExecutionContext& context, const Configuration& configuration)
+      : FabricService(context.get_executor(), configuration) {}
+
+  /// Transfers never posted fail with errc::shutdown; posted ones finish (bounded by
+  /// progress_deadline, after which the endpoint is closed so the provider returns them).
+  /// Every accepted transfer is delivered exactly once, on its handler's executor.
+  ~FabricService() { close(); }
+
+  FabricService(FabricService&& other) noexcept = default;
+  FabricService& operator=(FabricService&& other) noexcept {
+    if (this != &other) {
+      close();
+      executor_ = std::move(other.executor_);
+      engine_ = std::move(other.engine_);
+    }
+    return *this;
+  }
+  FabricService(const FabricService&) = delete;
+  FabricService& operator=(const FabricService&) = delete;
+
+  void open(const Configuration& configuration) {
+    std::error_code ec;
+    std::string what;
+    open(configuration, ec, what);
+    if (ec) throw std::system_error(ec, "opening the fabric service: " + what);
+  }
+  void open(const Configuration& configuration, std::error_code& ec) {
+    std::string what;
+    open(configuration, ec, what);
+  }
+  bool is_open() const noexcept { return engine_ != nullptr; }
+  /// Starts the shutdown described at the destructor; the service is closed at once.
+  void close() {
+    if (auto engine = std::exchange(engine_, nullptr)) engine->shutdown();
+  }
+
+  executor_type get_executor() const noexcept { return executor_; }
+
+  /// Starts one transfer.
+  ///
+  /// @par Completion Signature
+  /// @code void(dma::Completion<Context>) @endcode
+  /// The completion hands back the caller's context and the Outcome: TransferDone on success, or an
+  /// error_code (errc::no_source, errc::progress_deadline, a libfabric code such as FI_ECANCELED
+  /// when the peer tore the connection down, errc::shutdown, ...). It never runs inside submit().
+  ///
+  /// @par Per-Operation Cancellation
+  /// terminal, partial and total: a transfer not yet handed to the provider completes with
+  /// asio::error::operation_aborted. Once posted, a transfer cannot be cancelled (tcp and
+  /// efa-direct have no RMA cancel) and completes when the provider returns it.
+  template <typename CompletionToken = asio::use_awaitable_t<>>
+  auto submit(TransferRequest<Context> request, CompletionToken&& token = CompletionToken()) {
+    return asio::async_initiate<CompletionToken, completion_signature>(
+        [this](auto handler, TransferRequest<Context> req) { initiate(std::move(handler), std::move(req)); },
+        token, std::move(request));
+  }
+
+  /// Inserts a peer's address for client_id ahead of its first transfer, so an unusable address
+  /// fails here rather than in a transfer.
+  ///
+  /// @par Completion Signature
+  /// @code void(std::error_code) @endcode
+  template <typename CompletionToken = asio::use_awaitable_t<>>
+  auto add_peer(std::uint64_t client_id, std::vector<std::uint8_t> address,
+                CompletionToken&& token = CompletionToken()) {
+    return asio::async_initiate<CompletionToken, void(std::error_code)>(
+        [this](auto handler, std::uint64_t client, std::vector<std::uint8_t> bytes) {
+          auto work = asio::prefer(asio::get_associated_executor(handler, executor_),
+                                   asio::execution::outstanding_work.tracked);
+          if (!engine_) {
+            return asio::post(work, [handler = std::move(handler)]() mutable {
+              std::move(handler)(make_error_code(errc::not_open));
+            });
+          }
+          asio::post(engine_->strand(), [engine = engine_, client, bytes = std::move(bytes), work,
+                                         handler = std::move(handler)]() mutable {
+            const std::error_code ec = engine->insert_peer(client, bytes);
+            asio::dispatch(work, [handler = std::move(handler), ec]() mutable { std::move(handler)(ec); });
+          });
+        },
+        token, client_id, std::move(address));
+  }
+
+  /// Releases client_id's peer once every transfer it submitted before this call has finished.
+  void remove_peer(std::uint64_t client_id) {
+    if (engine_) engine_->remove_peer(client_id);
+  }
+
+  /// Transfers accepted and not yet completed (queued or posted): a load-balancing signal.
+  std::size_t outstanding() const noexcept { return engine_ ? engine_->outstanding() : 0; }
+  /// The endpoint's fabric address, to send to peers (efa-direct peers must insert it first).
+  std::span<const std::uint8_t> local_address() const noexcept {
+    return engine_ ? std::span<const std::uint8_t>(engine_->local_address()) : std::span<const std::uint8_t>();
+  }
+  EndpointInfo describe() const { return engine_ ? engine_->describe() : EndpointInfo{}; }
+  Metrics metrics() const noexcept { return engine_ ? engine_->metrics() : Metrics{}; }
+
+ private:
+  void open(const Configuration& configuration, std::error_code& ec, std::string& what) {
+    close();
+    engine_ = detail::Engine::create(executor_, configuration, ec, what);
+  }
+
+  template <typename Handler>
+  void initiate(Handler&& handler, TransferRequest<Context>&& request) {
+    using Op = detail::TransferOp<Context, std::decay_t<Handler>, executor_type>;
+    Op* op = Op::create(std::forward<Handler>(handler), std::move(request), executor_);
+    if (!engine_) {
+      return asio::post(executor_, [op] { Op::complete(op, Outcome(make_error_code(errc::not_open))); });
+    }
+    op->sequence = engine_->next_sequence();
+    auto slot = asio::get_associated_cancellation_slot(op->handler);
+    if (slot.is_connected()) slot.template emplace<detail::Canceller>(engine_, op, op->sequence);
+    engine_->submit(op);
+  }
+
+  executor_type executor_;
+  std::shared_ptr<detail::Engine> engine_;
+};
+
+}  // namespace asynchronous
+}  // namespace dma

@@ -1,1 +1,13 @@
+// Everything dma-libfabric offers, in one include.
 #pragma once
+
+#include <dma/config.hpp>
+
+#include <dma/advertisement.hpp>
+#include <dma/asynchronous.hpp>
+#include <dma/configuration.hpp>
+#include <dma/checksum.hpp>
+#include <dma/endpoint.hpp>
+#include <dma/error.hpp>
+#include <dma/target.hpp>
+#include <dma/transfer.hpp>

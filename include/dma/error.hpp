@@ -19,6 +19,7 @@ enum class errc {
   address_multicast,        ///< multicast address
   address_broadcast,        ///< 255.255.255.255
   address_format_unsupported,  ///< the endpoint's address format cannot be validated
+  advertisement_too_long,   ///< longer than max_advertisement_length, rejected before parsing
   // Operands.
   no_source,                ///< a ToPeer context supplied no source bytes
   no_landing_buffer,        ///< a FromPeer context allocated no landing buffer

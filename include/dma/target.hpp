@@ -1,1 +1,86 @@
+// dma::Target: the passive peer. It registers buffers for remote access, produces the
+// Advertisement a server needs, inserts an initiator's address where the provider demands it
+// (efa-direct), and drives progress on its executor (tcp's progress is manual: a target nobody
+// progresses stalls every server writing to it).
 #pragma once
+
+#include <dma/advertisement.hpp>
+#include <dma/config.hpp>
+#include <dma/configuration.hpp>
+#include <dma/endpoint.hpp>
+
+#include <asio/any_io_executor.hpp>
+#include <asio/execution_context.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <system_error>
+#include <type_traits>
+
+namespace dma {
+
+class Target {
+  struct State;
+
+ public:
+  using executor_type = asio::any_io_executor;
+
+  /// What a peer may do to an exposed buffer.
+  enum class Access { read, write, read_write };
+
+  /// One exposed buffer. Destroying it closes the registration: after that no peer can reach the
+  /// buffer, and it may be freed. Move-only.
+  class Region {
+   public:
+    Region() noexcept;
+    Region(Region&&) noexcept;
+    Region& operator=(Region&&) noexcept;
+    ~Region();
+
+    /// `<address-hex> <rkey> <remote-addr>` for this buffer on this target.
+    const Advertisement& advertisement() const noexcept { return advertisement_; }
+    std::span<std::byte> bytes() const noexcept { return bytes_; }
+    explicit operator bool() const noexcept { return state_ != nullptr; }
+
+   private:
+    friend class Target;
+    std::shared_ptr<State> state_;
+    void* mr_ = nullptr;
+    std::span<std::byte> bytes_;
+    Advertisement advertisement_;
+  };
+
+  /// Opens the endpoint and starts driving progress on executor. Throws std::system_error.
+  Target(const executor_type& executor, const Configuration& configuration);
+  template <typename ExecutionContext>
+    requires std::is_convertible_v<ExecutionContext&, asio::execution_context&>
+  Target(ExecutionContext& context, const Configuration& configuration)
+      : Target(executor_type(context.get_executor()), configuration) {}
+  /// Stops driving progress. Regions still alive keep the endpoint open until they go.
+  ~Target();
+  Target(const Target&) = delete;
+  Target& operator=(const Target&) = delete;
+
+  /// Registers buffer for remote access with a random 64-bit requested key (where the provider
+  /// lets the application choose keys) and returns its Region. The buffer must outlive the Region.
+  Region expose(std::span<std::byte> buffer, Access access = Access::read_write);
+  Region expose(std::span<std::byte> buffer, Access access, std::error_code& ec);
+
+  /// Inserts an initiator's address into this target's AV. efa-direct requires this before the
+  /// initiator can reach any region; tcp does not need it.
+  void insert_initiator(std::span<const std::uint8_t> address);
+  void insert_initiator(std::span<const std::uint8_t> address, std::error_code& ec);
+
+  std::span<const std::uint8_t> local_address() const noexcept;
+  EndpointInfo describe() const;
+  executor_type get_executor() const noexcept;
+  /// Progress passes run so far (wake-ups and backstop timer ticks).
+  std::uint64_t progress_passes() const noexcept;
+
+ private:
+  std::shared_ptr<State> state_;
+};
+
+}  // namespace dma

@@ -1,1 +1,162 @@
+// What a caller submits and what comes back: requests, operands, outcomes, completions.
 #pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <system_error>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace dma {
+
+/// Which way the bytes go.
+enum class Direction {
+  ToPeer,    ///< fi_writemsg: local bytes from Operands::source() into the peer's buffer
+  FromPeer,  ///< fi_read: `length` bytes of the peer's buffer into Operands::allocate(length)
+};
+
+/// What a successful transfer did.
+struct TransferDone {
+  std::size_t bytes = 0;                ///< the operand length
+  std::optional<std::uint32_t> checksum;  ///< CRC-32C of the local operand, when asked for
+};
+
+/// A transfer's result: TransferDone, or an error_code with the provider's detail.
+class Outcome {
+ public:
+  Outcome() = default;
+  Outcome(TransferDone done) noexcept : done_(done) {}  // NOLINT: implicit, like a result type
+  Outcome(std::error_code error, int provider_errno = 0, std::string detail = {})
+      : error_(error), provider_errno_(provider_errno), detail_(std::move(detail)) {}
+
+  bool ok() const noexcept { return !error_; }
+  explicit operator bool() const noexcept { return ok(); }
+  /// The error, or an empty code on success.
+  const std::error_code& error() const noexcept { return error_; }
+  /// The provider-specific errno of an error completion (0 when none).
+  int provider_errno() const noexcept { return provider_errno_; }
+  /// The success value; throws std::system_error on an error outcome.
+  const TransferDone& value() const {
+    if (error_) throw std::system_error(error_, message());
+    return done_;
+  }
+  /// The success value without a check.
+  const TransferDone& operator*() const noexcept { return done_; }
+  const TransferDone* operator->() const noexcept { return &done_; }
+  /// "ok", or the error's message with the provider's detail.
+  std::string message() const {
+    if (!error_) return "ok";
+    return detail_.empty() ? error_.message() : error_.message() + ": " + detail_;
+  }
+
+ private:
+  TransferDone done_{};
+  std::error_code error_{};
+  int provider_errno_ = 0;
+  std::string detail_;
+};
+
+/// A finished transfer: the caller's context handed back, and what happened.
+template <typename Context>
+struct Completion {
+  Context caller_context;
+  Outcome outcome;
+};
+
+/// A span of the caller's memory that may be registered as a whole; [base, end).
+struct CacheableSpan {
+  std::uintptr_t base = 0;
+  std::uintptr_t end = 0;
+
+  /// None when base + length overflows.
+  static std::optional<CacheableSpan> make(std::uintptr_t base, std::size_t length) noexcept {
+    if (length > UINTPTR_MAX - base) return std::nullopt;
+    return CacheableSpan{base, base + length};
+  }
+  bool contains(std::uintptr_t start, std::uintptr_t stop) const noexcept { return base <= start && stop <= end; }
+  friend bool operator==(const CacheableSpan&, const CacheableSpan&) = default;
+};
+
+/// One transfer. The context owns (or refers to) the local operand and is handed back, by value,
+/// in the Completion; the operand must stay valid and unmodified until then.
+template <typename Context>
+struct TransferRequest {
+  std::uint64_t client_id = 0;            ///< stable per client; never reused
+  std::vector<std::uint8_t> peer_address; ///< the advertised raw fabric address
+  std::uint64_t remote_key = 0;
+  std::uint64_t remote_address = 0;       ///< VA on FI_MR_VIRT_ADDR providers, offset on tcp
+  Direction direction = Direction::ToPeer;
+  std::size_t length = 0;                 ///< FromPeer: bytes to read (ToPeer: the source's size)
+  bool want_checksum = false;             ///< CRC-32C of the local operand in TransferDone
+  Context caller_context{};
+  std::optional<std::uint64_t> parent_id; ///< tracing parent; unused by the library itself
+};
+
+/// How the library reaches the operand inside a context. The primary template calls the context's
+/// members when it has them (`source()`, `allocate(n)`, `cacheable_span()`); specialise it for
+/// types you cannot change. Returning an empty optional means "not supported".
+template <typename Context, typename = void>
+struct Operands {
+  static std::optional<std::span<const std::byte>> source(const Context& context) {
+    if constexpr (requires { context.source(); }) {
+      return to_bytes(context.source());
+    } else {
+      return std::nullopt;
+    }
+  }
+  static std::optional<std::span<std::byte>> allocate(Context& context, std::size_t length) {
+    if constexpr (requires { context.allocate(length); }) {
+      return to_writable_bytes(context.allocate(length));
+    } else {
+      return std::nullopt;
+    }
+  }
+  static std::optional<CacheableSpan> cacheable_span(const Context& context) {
+    if constexpr (requires { context.cacheable_span(); }) {
+      return context.cacheable_span();
+    } else {
+      return std::nullopt;
+    }
+  }
+
+ private:
+  template <typename T>
+  static std::optional<std::span<const std::byte>> to_bytes(T&& value) {
+    if constexpr (requires { value.has_value(); *value; }) {
+      if (!value) return std::nullopt;
+      return to_bytes(*value);
+    } else {
+      return std::as_bytes(std::span(value));
+    }
+  }
+  template <typename T>
+  static std::optional<std::span<std::byte>> to_writable_bytes(T&& value) {
+    if constexpr (requires { value.has_value(); *value; }) {
+      if (!value) return std::nullopt;
+      return to_writable_bytes(*value);
+    } else {
+      return std::as_writable_bytes(std::span(value));
+    }
+  }
+};
+
+/// A byte vector is its own operand: source() is the whole vector, allocate(n) resizes it to n
+/// (zero-filled) and returns all of it.
+template <typename Byte, typename Allocator>
+  requires(sizeof(Byte) == 1 && std::is_trivially_copyable_v<Byte>)
+struct Operands<std::vector<Byte, Allocator>> {
+  static std::optional<std::span<const std::byte>> source(const std::vector<Byte, Allocator>& v) {
+    return std::as_bytes(std::span(v));
+  }
+  static std::optional<std::span<std::byte>> allocate(std::vector<Byte, Allocator>& v, std::size_t length) {
+    v.resize(length);
+    return std::as_writable_bytes(std::span(v));
+  }
+  static std::optional<CacheableSpan> cacheable_span(const std::vector<Byte, Allocator>&) { return std::nullopt; }
+};
+
+}  // namespace dma

@@ -1,0 +1,50 @@
+// One ToPeer write of 4096 bytes of 0xab with the asynchronous service, awaited in a coroutine.
+//   async_transfer <bind> [<address-hex> <rkey> <remote-addr>]   (tcp)
+//   async_transfer --efa [<address-hex> <rkey> <remote-addr>]     (efa-direct)
+#include "common.hpp"
+
+#include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
+#include <asio/io_context.hpp>
+
+#include <cstdio>
+#include <vector>
+
+struct Operation {
+  std::vector<std::uint8_t> payload;
+  std::span<const std::uint8_t> source() const { return payload; }
+};
+
+asio::awaitable<void> transfer(dma::asynchronous::FabricService<Operation>& service, dma::Advertisement peer) {
+  dma::TransferRequest<Operation> request;
+  request.client_id = 1;
+  request.peer_address = peer.address;
+  request.remote_key = peer.remote_key;
+  request.remote_address = peer.remote_address;
+  request.direction = dma::Direction::ToPeer;
+  request.want_checksum = true;
+  request.caller_context = Operation{std::vector<std::uint8_t>(4096, 0xab)};
+
+  auto [operation, outcome] = co_await service.submit(std::move(request));
+
+  if (outcome) {
+    std::printf("wrote %zu of %zu bytes, crc %s\n", outcome->bytes, operation.payload.size(),
+                examples::debug_option(outcome->checksum).c_str());
+  } else {
+    std::printf("transfer failed: %s\n", outcome.message().c_str());
+  }
+}
+
+int main(int argc, char** argv) {
+  return examples::run_main([&] {
+    const auto arguments = examples::parse(argc, argv);
+    asio::io_context io;
+    dma::asynchronous::FabricService<Operation> service(io, arguments.configuration);
+    std::printf("local address: %s\n", dma::encode_hex(service.local_address()).c_str());
+    std::fflush(stdout);
+    const auto peer = examples::peer_or_prompt(arguments);
+    asio::co_spawn(io, transfer(service, peer), asio::detached);
+    io.run();
+    return 0;
+  });
+}

@@ -1,0 +1,71 @@
+// The engine behind every service: credits, the pending FIFO, peers, the CQ reaper. Everything it
+// does to libfabric runs on one strand. The typed front ends (asynchronous::FabricService and the
+// callback FabricService) talk to it through this interface; the implementation is in lib/.
+#pragma once
+
+#include <dma/configuration.hpp>
+#include <dma/detail/operation.hpp>
+#include <dma/endpoint.hpp>
+
+#include <asio/any_io_executor.hpp>
+#include <asio/strand.hpp>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <system_error>
+#include <vector>
+
+namespace dma {
+
+/// Counters a service keeps; read them with FabricService::metrics().
+struct Metrics {
+  std::uint64_t posted = 0;             ///< transfers handed to the provider
+  std::uint64_t completed = 0;          ///< transfers completed successfully
+  std::uint64_t failed = 0;             ///< transfers completed with an error
+  std::uint64_t eagain = 0;             ///< posts the provider refused with -FI_EAGAIN
+  std::uint64_t cq_reads = 0;           ///< fi_cq_read calls that returned entries
+  std::uint64_t fd_wakeups = 0;         ///< wake-ups through the CQ's wait fd
+  std::uint64_t spin_hits = 0;          ///< completions found while spinning before arming
+  std::uint64_t armed_late = 0;         ///< completions found right after arming the fd
+  std::uint64_t backstop_hits = 0;      ///< completions only the backstop timer found (should be ~0)
+  std::uint64_t context_less_errors = 0;  ///< error entries without an operation (endpoint faults)
+  std::uint64_t queue_errors = 0;       ///< fi_cq_read failures that name no operation
+};
+
+namespace detail {
+
+class Engine {
+ public:
+  using strand_type = asio::strand<asio::any_io_executor>;
+
+  /// Opens the endpoint; on failure returns null, sets ec and names the failing step in `what`.
+  static std::shared_ptr<Engine> create(const asio::any_io_executor& executor, const Configuration& configuration,
+                                        std::error_code& ec, std::string& what);
+  virtual ~Engine() = default;
+
+  /// Accepts one transfer (any thread); it completes exactly once through its functions->complete.
+  virtual void submit(Operation* op) = 0;
+  /// Cancels op if it is not yet posted (any thread); posted transfers finish normally.
+  virtual void cancel(Operation* op, std::uint64_t sequence) = 0;
+  /// A sequence number for the next operation (any thread).
+  virtual std::uint64_t next_sequence() noexcept = 0;
+  /// Inserts a peer's address for client_id; call on strand() only.
+  virtual std::error_code insert_peer(std::uint64_t client_id, std::span<const std::uint8_t> address) = 0;
+  /// Releases client_id's peer once its accepted transfers have finished (any thread).
+  virtual void remove_peer(std::uint64_t client_id) = 0;
+  /// Fails what was never posted, waits (bounded by progress_deadline) for what was, then closes.
+  virtual void shutdown() = 0;
+
+  virtual std::size_t outstanding() const noexcept = 0;
+  virtual const std::vector<std::uint8_t>& local_address() const noexcept = 0;
+  virtual EndpointInfo describe() const = 0;
+  virtual Metrics metrics() const noexcept = 0;
+  virtual const Configuration& configuration() const noexcept = 0;
+  virtual const strand_type& strand() const noexcept = 0;
+};
+
+}  // namespace detail
+}  // namespace dma

@@ -1,0 +1,112 @@
+// One transfer's state, as the engine sees it. The typed part (context, handler) lives in a class
+// derived in asynchronous.hpp; the engine reaches it through the function pointers below, so no
+// lookup table and no virtual call stands between a CQ entry and its completion.
+#pragma once
+
+#include <dma/detail/fid.hpp>
+#include <dma/transfer.hpp>
+
+#include <rdma/fabric.h>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <system_error>
+#include <type_traits>
+#include <vector>
+
+namespace dma::detail {
+
+struct Operation;
+
+struct OperationFunctions {
+  /// Resolves the local operand from the caller's context (on the engine's strand).
+  std::error_code (*resolve)(Operation& op);
+  /// Frees the operation, then hands the Completion to the handler's executor.
+  void (*complete)(Operation* op, Outcome&& outcome);
+  /// Frees the operation without invoking anything (the execution context is going away).
+  void (*destroy)(Operation* op);
+  /// The caller's cacheable span, asked only on a registration-cache miss.
+  std::optional<CacheableSpan> (*cacheable_span)(const Operation& op);
+};
+
+struct Operation {
+  /// Provider scratch (FI_CONTEXT2 on efa-direct): must stay the first member, so the pointer
+  /// libfabric hands back in a CQ entry is the operation itself.
+  fi_context2 provider_context{};
+  const OperationFunctions* functions = nullptr;
+  Operation* next = nullptr;
+
+  // The request.
+  std::uint64_t client_id = 0;
+  std::vector<std::uint8_t> peer_address;
+  std::uint64_t remote_key = 0;
+  std::uint64_t remote_address = 0;
+  Direction direction = Direction::ToPeer;
+  std::size_t length = 0;
+  bool want_checksum = false;
+
+  // Filled in on the strand.
+  std::byte* buffer = nullptr;
+  void* descriptor = nullptr;
+  Fid<fid_mr> local_mr;  ///< per-transfer registration when the provider needs FI_MR_LOCAL
+  std::chrono::steady_clock::time_point stalled_since{};
+  std::uint64_t sequence = 0;  ///< tells a recycled address from the operation a canceller saw
+
+  static Operation* from_context(void* context) noexcept { return static_cast<Operation*>(context); }
+  void* as_context() noexcept { return this; }
+};
+
+static_assert(std::is_standard_layout_v<Operation>, "fi_context2 must be at offset 0 of Operation");
+
+/// An intrusive FIFO of operations: no allocation to queue or dequeue.
+class OperationQueue {
+ public:
+  bool empty() const noexcept { return head_ == nullptr; }
+  std::size_t size() const noexcept { return size_; }
+  Operation* front() const noexcept { return head_; }
+  void push_back(Operation* op) noexcept {
+    op->next = nullptr;
+    if (tail_ != nullptr) {
+      tail_->next = op;
+    } else {
+      head_ = op;
+    }
+    tail_ = op;
+    ++size_;
+  }
+  Operation* pop_front() noexcept {
+    Operation* op = head_;
+    if (op == nullptr) return nullptr;
+    head_ = op->next;
+    if (head_ == nullptr) tail_ = nullptr;
+    op->next = nullptr;
+    --size_;
+    return op;
+  }
+  /// Unlinks op if it is queued; O(n), only for cancellation.
+  bool remove(Operation* op) noexcept {
+    Operation* previous = nullptr;
+    for (Operation* it = head_; it != nullptr; previous = it, it = it->next) {
+      if (it != op) continue;
+      (previous != nullptr ? previous->next : head_) = it->next;
+      if (tail_ == it) tail_ = previous;
+      it->next = nullptr;
+      --size_;
+      return true;
+    }
+    return false;
+  }
+  void swap(OperationQueue& other) noexcept {
+    std::swap(head_, other.head_);
+    std::swap(tail_, other.tail_);
+    std::swap(size_, other.size_);
+  }
+
+ private:
+  Operation* head_ = nullptr;
+  Operation* tail_ = nullptr;
+  std::size_t size_ = 0;
+};
+
+}  // namespace dma::detail

@@ -1,0 +1,22 @@
+// fi_getinfo with the hints of each Provider; shared by Endpoint::open and discover_domains.
+#pragma once
+
+#include "dma/configuration.hpp"
+
+#include <rdma/fabric.h>
+
+#include <memory>
+#include <string>
+#include <system_error>
+
+namespace dma::detail {
+
+struct InfoListDeleter {
+  void operator()(fi_info* info) const noexcept { fi_freeinfo(info); }
+};
+using InfoList = std::unique_ptr<fi_info, InfoListDeleter>;
+
+/// The provider's fi_info list for the configuration; on failure `what` names the step.
+InfoList query_info(const Configuration& configuration, std::error_code& ec, std::string& what);
+
+}  // namespace dma::detail

@@ -1,1 +1,395 @@
-#include "../catch.hpp"
+// The asynchronous service against a Target over tcp on 127.0.0.1: bytes are checked at the far side.
+#include "fixture.hpp"
+
+#include <asio/bind_cancellation_slot.hpp>
+#include <asio/cancellation_signal.hpp>
+#include <asio/use_awaitable.hpp>
+
+#include <atomic>
+#include <map>
+#include <thread>
+
+using dma::Direction;
+using Service = dma::asynchronous::FabricService<test::Payload>;
+
+namespace {
+
+dma::Completion<test::Payload> await_one(asio::io_context& io, Service& service,
+                                         dma::TransferRequest<test::Payload> request) {
+  auto future = asio::co_spawn(
+      io, [&]() -> asio::awaitable<dma::Completion<test::Payload>> { co_return co_await service.submit(std::move(request)); },
+      asio::use_future);
+  REQUIRE(test::run_until(io, future));
+  return future.get();
+}
+
+}  // namespace
+
+TEST_CASE("a 4 KiB write lands in the target's buffer", "[loopback][write]") {
+  test::RemoteBuffer remote(4096);
+  asio::io_context io;
+  Service service(io, test::loopback_configuration());
+  auto bytes = test::pattern(4096, 1);
+
+  auto completion = await_one(io, service, remote.request(Direction::ToPeer, test::Payload{bytes}));
+
+  REQUIRE(completion.outcome.ok());
+  CHECK(completion.outcome->bytes == 4096);
+  CHECK(test::same(completion.caller_context.bytes, bytes));  // the context comes back intact
+  CHECK(test::same(remote.memory(), bytes));
+}
+
+TEST_CASE("an 8 MiB write lands in the target's buffer", "[loopback][write]") {
+  test::RemoteBuffer remote(8 << 20);
+  asio::io_context io;
+  Service service(io, test::loopback_configuration());
+  auto bytes = test::pattern(8 << 20, 2);
+
+  auto completion = await_one(io, service, remote.request(Direction::ToPeer, test::Payload{bytes}));
+
+  REQUIRE(completion.outcome.ok());
+  CHECK(completion.outcome->bytes == bytes.size());
+  CHECK(test::same(remote.memory(), bytes));
+}
+
+TEST_CASE("a write at an offset lands only in its slice", "[loopback][write]") {
+  test::RemoteBuffer remote(3 * 4096);
+  asio::io_context io;
+  Service service(io, test::loopback_configuration());
+  auto bytes = test::pattern(4096, 3);
+
+  auto completion = await_one(io, service, remote.request(Direction::ToPeer, test::Payload{bytes}, 0, 4096));
+
+  REQUIRE(completion.outcome.ok());
+  CHECK(std::equal(bytes.begin(), bytes.end(), remote.memory().begin() + 4096));
+  CHECK(std::all_of(remote.memory().begin(), remote.memory().begin() + 4096, [](std::byte b) { return b == std::byte{0}; }));
+  CHECK(std::all_of(remote.memory().begin() + 8192, remote.memory().end(), [](std::byte b) { return b == std::byte{0}; }));
+}
+
+TEST_CASE("a read returns the target's bytes", "[loopback][read]") {
+  test::RemoteBuffer remote(1 << 20);
+  const auto served = test::pattern(1 << 20, 4);
+  std::copy(served.begin(), served.end(), remote.memory().begin());  // the exposed buffer must not move
+  asio::io_context io;
+  Service service(io, test::loopback_configuration());
+
+  auto completion = await_one(io, service, remote.request(Direction::FromPeer, test::Payload{}, 1 << 20));
+
+  REQUIRE(completion.outcome.ok());
+  CHECK(completion.outcome->bytes == (1u << 20));
+  CHECK(test::same(completion.caller_context.bytes, served));
+}
+
+TEST_CASE("a checksummed transfer reports the CRC-32C of the local operand", "[loopback][checksum]") {
+  test::RemoteBuffer remote(9);
+  asio::io_context io;
+  Service service(io, test::loopback_configuration());
+  const std::string check = "123456789";
+  std::vector<std::byte> bytes(9);
+  std::memcpy(bytes.data(), check.data(), 9);
+  auto request = remote.request(Direction::ToPeer, test::Payload{bytes});
+  request.want_checksum = true;
+
+  auto completion = await_one(io, service, std::move(request));
+
+  REQUIRE(completion.outcome.ok());
+  CHECK(completion.outcome->checksum == 0xE3069283u);
+}
+
+TEST_CASE("10,000 transfers with 64 in flight each complete exactly once", "[loopback][many]") {
+  constexpr int total = 10000;
+  constexpr std::size_t slot = 256;
+  test::RemoteBuffer remote(slot * 64);
+  asio::io_context io;
+  auto configuration = test::loopback_configuration();
+  configuration.max_in_flight = 64;
+  Service service(io, configuration);
+
+  std::vector<int> seen(total, 0);
+  int failures = 0;
+  int submitted = 0;
+  int done = 0;
+  std::function<void()> submit_next;
+  // Callback token: each completion submits the next, keeping 64 in flight.
+  submit_next = [&] {
+    const int index = submitted++;
+    auto bytes = test::pattern(slot, static_cast<unsigned>(index));
+    bytes[0] = static_cast<std::byte>(index & 0xff);
+    auto request = remote.request(Direction::ToPeer, test::Payload{std::move(bytes)}, 0, (index % 64) * slot);
+    request.client_id = static_cast<std::uint64_t>(index);  // the context's id travels in client_id too
+    service.submit(std::move(request), [&, index](dma::Completion<test::Payload> c) {
+      ++seen[static_cast<std::size_t>(index)];
+      if (!c.outcome) ++failures;
+      ++done;
+      if (submitted < total) submit_next();
+    });
+  };
+  for (int i = 0; i < 64; ++i) submit_next();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (done < total && std::chrono::steady_clock::now() < deadline) {
+    io.restart();
+    io.run_for(std::chrono::milliseconds(50));
+  }
+
+  REQUIRE(done == total);
+  CHECK(failures == 0);
+  CHECK(std::all_of(seen.begin(), seen.end(), [](int n) { return n == 1; }));
+  CHECK(service.outstanding() == 0);
+  CHECK(service.metrics().completed == total);
+  CHECK(service.metrics().posted == total);
+}
+
+TEST_CASE("a transfer to a port where nobody listens fails within the progress deadline", "[loopback][deadline]") {
+  asio::io_context io;
+  auto configuration = test::loopback_configuration();
+  configuration.progress_deadline = std::chrono::milliseconds(200);
+  Service service(io, configuration);
+  dma::TransferRequest<test::Payload> request;
+  request.client_id = 7;
+  request.peer_address = {2, 0, 0, 1, 127, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0};  // 127.0.0.1:1
+  request.caller_context.bytes.assign(64, std::byte{0xab});
+
+  const auto start = std::chrono::steady_clock::now();
+  auto completion = await_one(io, service, std::move(request));
+  const auto took = std::chrono::steady_clock::now() - start;
+
+  REQUIRE_FALSE(completion.outcome.ok());
+  INFO(completion.outcome.message());
+  CHECK(completion.outcome.error() == dma::condition::peer_unreachable);
+  CHECK(took < std::chrono::seconds(5));
+  CHECK(service.outstanding() == 0);
+}
+
+TEST_CASE("a malformed peer address is rejected with its own error and nothing is posted", "[loopback][validation]") {
+  asio::io_context io;
+  Service service(io, test::loopback_configuration());
+  const std::vector<std::uint8_t> good = {2, 0, 0x30, 0x39, 127, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0};
+
+  struct Case {
+    const char* name;
+    std::vector<std::uint8_t> address;
+    dma::errc expected;
+  };
+  std::vector<Case> cases = {
+      {"short", std::vector<std::uint8_t>(good.begin(), good.begin() + 15), dma::errc::address_length},
+      {"long", [&] { auto a = good; a.push_back(0); return a; }(), dma::errc::address_length},
+      {"family", [&] { auto a = good; a[0] = 10; return a; }(), dma::errc::address_family},
+      {"port 0", [&] { auto a = good; a[2] = a[3] = 0; return a; }(), dma::errc::address_port_zero},
+      {"unspecified", [&] { auto a = good; a[4] = a[7] = 0; return a; }(), dma::errc::address_unspecified},
+      {"multicast", [&] { auto a = good; a[4] = 224; return a; }(), dma::errc::address_multicast},
+      {"broadcast", [&] { auto a = good; a[4] = a[5] = a[6] = a[7] = 255; return a; }(), dma::errc::address_broadcast},
+  };
+  for (auto& c : cases) {
+    INFO(c.name);
+    dma::TransferRequest<test::Payload> request;
+    request.peer_address = c.address;
+    request.caller_context.bytes.assign(64, std::byte{1});
+    auto completion = await_one(io, service, std::move(request));
+    CHECK(completion.outcome.error() == c.expected);
+    CHECK(completion.outcome.error() == dma::condition::invalid_advertisement);
+    CHECK(completion.caller_context.bytes.size() == 64);  // nothing lost
+  }
+  CHECK(service.metrics().posted == 0);
+  CHECK(service.outstanding() == 0);
+}
+
+TEST_CASE("a context without a source fails a write with no_source", "[loopback][operands]") {
+  struct NoSource {};
+  asio::io_context io;
+  dma::asynchronous::FabricService<NoSource> service(io, test::loopback_configuration());
+  dma::TransferRequest<NoSource> request;
+  request.peer_address = {2, 0, 0x30, 0x39, 127, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0};
+  auto future = service.submit(std::move(request), asio::use_future);
+  REQUIRE(test::run_until(io, future));
+  CHECK(future.get().outcome.error() == dma::errc::no_source);
+}
+
+TEST_CASE("a landing buffer shorter than the read fails with landing_buffer_too_small", "[loopback][operands]") {
+  struct Short {
+    std::array<std::byte, 8> bytes{};
+    std::span<std::byte> allocate(std::size_t) { return bytes; }
+  };
+  asio::io_context io;
+  dma::asynchronous::FabricService<Short> service(io, test::loopback_configuration());
+  dma::TransferRequest<Short> request;
+  request.peer_address = {2, 0, 0x30, 0x39, 127, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0};
+  request.direction = Direction::FromPeer;
+  request.length = 64;
+  auto future = service.submit(std::move(request), asio::use_future);
+  REQUIRE(test::run_until(io, future));
+  CHECK(future.get().outcome.error() == dma::errc::landing_buffer_too_small);
+}
+
+TEST_CASE("every completion token works: callback, use_awaitable, deferred, use_future, as_tuple", "[loopback][tokens]") {
+  test::RemoteBuffer remote(5 * 64);
+  asio::io_context io;
+  Service service(io, test::loopback_configuration());
+  auto request = [&](unsigned seed) {
+    return remote.request(Direction::ToPeer, test::Payload{test::pattern(64, seed)}, 0, seed * 64);
+  };
+
+  std::optional<dma::Completion<test::Payload>> by_callback;
+  service.submit(request(0), [&](dma::Completion<test::Payload> c) { by_callback = std::move(c); });
+
+  auto by_awaitable = asio::co_spawn(
+      io, [&]() -> asio::awaitable<bool> { co_return (co_await service.submit(request(1))).outcome.ok(); },
+      asio::use_future);
+
+  auto deferred = service.submit(request(2), dma::compat::deferred);
+  std::optional<dma::Completion<test::Payload>> by_deferred;
+  std::move(deferred)([&](dma::Completion<test::Payload> c) { by_deferred = std::move(c); });
+
+  auto by_future = service.submit(request(3), asio::use_future);
+
+  auto by_tuple = asio::co_spawn(
+      io,
+      [&]() -> asio::awaitable<bool> {
+        auto [c] = co_await service.submit(request(4), dma::compat::as_tuple(asio::use_awaitable));
+        co_return c.outcome.ok();
+      },
+      asio::use_future);
+
+  REQUIRE(test::run_until(io, by_future));
+  REQUIRE(test::run_until(io, by_awaitable));
+  REQUIRE(test::run_until(io, by_tuple));
+  for (int i = 0; i < 100 && (!by_callback || !by_deferred); ++i) io.run_for(std::chrono::milliseconds(10));
+
+  REQUIRE(by_callback);
+  CHECK(by_callback->outcome.ok());
+  CHECK(by_awaitable.get());
+  REQUIRE(by_deferred);
+  CHECK(by_deferred->outcome.ok());
+  CHECK(by_future.get().outcome.ok());
+  CHECK(by_tuple.get());
+  for (unsigned i = 0; i < 5; ++i) {
+    auto expected = test::pattern(64, i);
+    CHECK(std::equal(expected.begin(), expected.end(), remote.memory().begin() + i * 64));
+  }
+}
+
+TEST_CASE("a submission from a foreign thread completes on the service's executor", "[loopback][threads]") {
+  test::RemoteBuffer remote(4096);
+  asio::io_context io;
+  Service service(io, test::loopback_configuration());
+  auto work = asio::make_work_guard(io);
+  std::thread runner([&] { io.run(); });
+  const auto io_thread = runner.get_id();
+
+  std::promise<std::pair<bool, std::thread::id>> result;
+  auto future = result.get_future();
+  std::thread foreign([&] {
+    service.submit(remote.request(Direction::ToPeer, test::Payload{test::pattern(4096, 9)}),
+                   [&](dma::Completion<test::Payload> c) { result.set_value({c.outcome.ok(), std::this_thread::get_id()}); });
+  });
+  foreign.join();
+  const bool ready = future.wait_for(std::chrono::seconds(20)) == std::future_status::ready;
+  work.reset();
+  io.stop();
+  runner.join();
+
+  REQUIRE(ready);
+  auto [ok, thread] = future.get();
+  CHECK(ok);
+  CHECK(thread == io_thread);
+  CHECK(test::same(remote.memory(), test::pattern(4096, 9)));
+}
+
+TEST_CASE("the service works on an io_context run by several threads", "[loopback][threads]") {
+  constexpr int total = 2000;
+  test::RemoteBuffer remote(64 * 128);
+  asio::io_context io(4);
+  Service service(io, test::loopback_configuration());
+  auto work = asio::make_work_guard(io);
+  std::vector<std::thread> runners;
+  for (int i = 0; i < 4; ++i) runners.emplace_back([&] { io.run(); });
+
+  std::atomic<int> ok{0}, failed{0};
+  std::vector<std::atomic<int>> seen(total);
+  std::vector<std::thread> submitters;
+  for (int t = 0; t < 2; ++t) {
+    submitters.emplace_back([&, t] {
+      for (int i = t; i < total; i += 2) {
+        service.submit(remote.request(Direction::ToPeer, test::Payload{test::pattern(128, i)}, 0, (i % 64) * 128),
+                       [&, i](dma::Completion<test::Payload> c) {
+                         seen[static_cast<std::size_t>(i)].fetch_add(1);
+                         (c.outcome ? ok : failed).fetch_add(1);
+                       });
+      }
+    });
+  }
+  for (auto& s : submitters) s.join();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (ok + failed < total && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  work.reset();
+  io.stop();
+  for (auto& r : runners) r.join();
+
+  CHECK(ok == total);
+  CHECK(failed == 0);
+  CHECK(std::all_of(seen.begin(), seen.end(), [](const std::atomic<int>& n) { return n.load() == 1; }));
+}
+
+TEST_CASE("cancelling a transfer that is not yet posted completes it with operation_aborted", "[loopback][cancel]") {
+  asio::io_context io;
+  auto configuration = test::loopback_configuration();
+  configuration.progress_deadline = std::chrono::seconds(5);
+  Service service(io, configuration);
+  dma::TransferRequest<test::Payload> request;
+  request.peer_address = {2, 0, 0, 1, 127, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0};  // nobody listens: stays pending
+  request.caller_context.bytes.assign(64, std::byte{0xab});
+  asio::cancellation_signal signal;
+  std::optional<dma::Completion<test::Payload>> completion;
+  service.submit(std::move(request), asio::bind_cancellation_slot(signal.slot(), [&](dma::Completion<test::Payload> c) {
+                   completion = std::move(c);
+                 }));
+  io.run_for(std::chrono::milliseconds(50));
+  REQUIRE_FALSE(completion);
+  signal.emit(asio::cancellation_type::terminal);
+  for (int i = 0; i < 100 && !completion; ++i) io.run_for(std::chrono::milliseconds(10));
+
+  REQUIRE(completion);
+  CHECK(completion->outcome.error() == asio::error::operation_aborted);
+  CHECK(completion->caller_context.bytes.size() == 64);
+}
+
+TEST_CASE("closing the service delivers every accepted transfer exactly once", "[loopback][shutdown]") {
+  test::RemoteBuffer remote(64 * 64);
+  asio::io_context io;
+  std::map<int, int> seen;
+  {
+    Service service(io, test::loopback_configuration());
+    for (int i = 0; i < 200; ++i) {
+      service.submit(remote.request(Direction::ToPeer, test::Payload{test::pattern(64, i)}, 0, (i % 64) * 64),
+                     [&, i](dma::Completion<test::Payload>) { ++seen[i]; });
+    }
+  }  // destroyed before the io_context ran a single handler
+  io.run_for(std::chrono::seconds(10));
+  CHECK(seen.size() == 200);
+  CHECK(std::all_of(seen.begin(), seen.end(), [](auto& entry) { return entry.second == 1; }));
+}
+
+TEST_CASE("add_peer accepts a good address twice and rejects a bad one", "[loopback][peers]") {
+  test::RemoteBuffer remote(64);
+  asio::io_context io;
+  Service service(io, test::loopback_configuration());
+  auto first = service.add_peer(1, remote.advertisement().address, asio::use_future);
+  auto second = service.add_peer(1, remote.advertisement().address, asio::use_future);
+  auto bad = service.add_peer(2, std::vector<std::uint8_t>(7, 1), asio::use_future);
+  REQUIRE(test::run_until(io, first));
+  REQUIRE(test::run_until(io, second));
+  REQUIRE(test::run_until(io, bad));
+  CHECK_NOTHROW(first.get());
+  CHECK_NOTHROW(second.get());
+  try {
+    bad.get();
+    FAIL("a 7-byte address was accepted");
+  } catch (const std::system_error& error) {
+    CHECK(error.code() == dma::errc::address_length);
+  }
+  service.remove_peer(1);
+  // A later transfer for the removed client re-inserts the peer on its own.
+  auto completion = await_one(io, service, remote.request(Direction::ToPeer, test::Payload{test::pattern(64, 5)}));
+  CHECK(completion.outcome.ok());
+}

@@ -1,0 +1,107 @@
+// A Target on its own thread and helpers to drive a service's io_context with a time bound.
+#pragma once
+
+#include "../catch.hpp"
+
+#include <dma/dma.hpp>
+
+#include <asio/co_spawn.hpp>
+#include <asio/io_context.hpp>
+#include <asio/use_future.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <future>
+#include <thread>
+#include <vector>
+
+namespace test {
+
+inline dma::Configuration loopback_configuration() {
+  dma::Configuration configuration;
+  configuration.bind = "127.0.0.1";
+  return configuration;
+}
+
+/// A byte-vector context that also counts how often it was handed back.
+struct Payload {
+  std::vector<std::byte> bytes;
+  std::span<const std::byte> source() const { return bytes; }
+  std::span<std::byte> allocate(std::size_t n) {
+    bytes.resize(n);
+    return bytes;
+  }
+};
+
+/// A passive peer with one exposed buffer, progressed on its own thread.
+class RemoteBuffer {
+ public:
+  explicit RemoteBuffer(std::size_t size, std::byte fill = std::byte{0})
+      : target_(io_, loopback_configuration()), work_(asio::make_work_guard(io_)), memory_(size, fill) {
+    region_ = target_.expose(memory_);
+    thread_ = std::thread([this] { io_.run(); });
+  }
+  ~RemoteBuffer() {
+    work_.reset();
+    io_.stop();
+    thread_.join();
+  }
+  const dma::Advertisement& advertisement() const { return region_.advertisement(); }
+  std::vector<std::byte>& memory() { return memory_; }
+  dma::Target& target() { return target_; }
+
+  template <typename Context>
+  dma::TransferRequest<Context> request(dma::Direction direction, Context context, std::size_t length = 0,
+                                        std::uint64_t offset = 0) const {
+    dma::TransferRequest<Context> r;
+    r.client_id = 1;
+    r.peer_address = advertisement().address;
+    r.remote_key = advertisement().remote_key;
+    r.remote_address = advertisement().remote_address + offset;
+    r.direction = direction;
+    r.length = length;
+    r.caller_context = std::move(context);
+    return r;
+  }
+
+ private:
+  asio::io_context io_;
+  dma::Target target_;
+  asio::executor_work_guard<asio::io_context::executor_type> work_;
+  std::vector<std::byte> memory_;
+  dma::Target::Region region_;
+  std::thread thread_;
+};
+
+/// Runs io until future is ready or the bound passes; returns whether it became ready.
+template <typename T>
+bool run_until(asio::io_context& io, std::future<T>& future, std::chrono::milliseconds bound = std::chrono::seconds(20)) {
+  const auto deadline = std::chrono::steady_clock::now() + bound;
+  while (future.wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    io.restart();
+    io.run_for(std::chrono::milliseconds(10));
+  }
+  return true;
+}
+
+inline std::vector<std::byte> pattern(std::size_t size, unsigned seed) {
+  std::vector<std::byte> bytes(size);
+  for (std::size_t i = 0; i < size; ++i) bytes[i] = static_cast<std::byte>((i * 131 + seed * 7 + (i >> 12)) & 0xff);
+  return bytes;
+}
+
+/// Byte-for-byte equality that reports only the first difference (Catch would print every byte).
+inline bool same(const std::vector<std::byte>& a, const std::vector<std::byte>& b) {
+  if (a.size() != b.size()) {
+    UNSCOPED_INFO("sizes differ: " << a.size() << " vs " << b.size());
+    return false;
+  }
+  const auto [x, y] = std::mismatch(a.begin(), a.end(), b.begin());
+  if (x == a.end()) return true;
+  UNSCOPED_INFO("first difference at byte " << (x - a.begin()) << ": " << int(*x) << " vs " << int(*y));
+  return false;
+}
+
+}  // namespace test

@@ -1,1 +1,95 @@
-#include "../catch.hpp"
+// The fabric core on its own: opening, describing and discovering over tcp on 127.0.0.1.
+#include "fixture.hpp"
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+TEST_CASE("a tcp endpoint bound to 127.0.0.1 has a 16-byte AF_INET address with a port", "[loopback][endpoint]") {
+  dma::Endpoint endpoint;
+  endpoint.open(test::loopback_configuration());
+  const auto& address = endpoint.local_address();
+  REQUIRE(address.size() == sizeof(sockaddr_in));
+  sockaddr_in in{};
+  std::memcpy(&in, address.data(), sizeof in);
+  CHECK(in.sin_family == AF_INET);
+  CHECK(in.sin_port != 0);
+  CHECK(ntohl(in.sin_addr.s_addr) == INADDR_LOOPBACK);
+  CHECK_FALSE(dma::validate_address(address, endpoint.addr_format()));
+}
+
+TEST_CASE("describe() prints the seed's six lines", "[loopback][endpoint]") {
+  dma::Endpoint endpoint;
+  endpoint.open(test::loopback_configuration());
+  const auto info = endpoint.describe();
+  const auto lines = info.lines();
+  REQUIRE(lines.size() == 6);
+  CHECK(lines[0].rfind("provider: tcp", 0) == 0);
+  CHECK(lines[1] == "addr_format: " + std::to_string(FI_SOCKADDR_IN));
+  CHECK(lines[2].rfind("mr_mode: 0x", 0) == 0);
+  CHECK(lines[3].find("RMA") != std::string::npos);
+  CHECK(lines[4] == "requires_local_mr: false");
+  CHECK(lines[5] == "uses_virtual_addressing: false");
+  CHECK(info.wait_fd);
+  CHECK(endpoint.wait_fd() >= 0);
+  CHECK(info.credits == 64);
+  CHECK(info.cq_size >= info.credits);
+}
+
+TEST_CASE("the tcp provider resolves to tcp;ofi_rxm before libfabric 1.18, never net", "[loopback][endpoint]") {
+  dma::Endpoint endpoint;
+  endpoint.open(test::loopback_configuration());
+  const auto provider = endpoint.describe().provider;
+  CHECK(provider.find("net") == std::string::npos);
+  const auto version = fi_version();
+  if (FI_MAJOR(version) == 1 && FI_MINOR(version) < 18) CHECK(provider == "tcp;ofi_rxm");
+}
+
+TEST_CASE("credits are clamped by max_in_flight", "[loopback][endpoint]") {
+  auto configuration = test::loopback_configuration();
+  configuration.max_in_flight = 5;
+  dma::Endpoint endpoint;
+  endpoint.open(configuration);
+  CHECK(endpoint.credits() == 5);
+}
+
+TEST_CASE("discover_domains lists the loopback domain once", "[loopback][endpoint]") {
+  const auto names = dma::discover_domains(test::loopback_configuration());
+  REQUIRE_FALSE(names.empty());
+  CHECK(std::set<std::string>(names.begin(), names.end()).size() == names.size());
+}
+
+TEST_CASE("an unknown interface name fails with no_domain and names it", "[loopback][endpoint]") {
+  auto configuration = test::loopback_configuration();
+  configuration.interfaces = {"no-such-device0"};
+  dma::Endpoint endpoint;
+  std::error_code ec;
+  endpoint.open(configuration, dma::Endpoint::Role::initiator, ec);
+  CHECK(ec == dma::errc::no_domain);
+  CHECK(endpoint.failed_step().find("no-such-device0") != std::string::npos);
+  CHECK_FALSE(endpoint.is_open());
+  try {
+    endpoint.open(configuration);
+    FAIL("opened an endpoint on a missing device");
+  } catch (const std::system_error& error) {
+    CHECK(std::string(error.what()).find("no-such-device0") != std::string::npos);
+  }
+}
+
+TEST_CASE("a service on an address this host does not have fails to open with a clear error", "[loopback][endpoint]") {
+  auto configuration = test::loopback_configuration();
+  configuration.bind = "127.0.0.1.5";  // not an address at all
+  asio::io_context io;
+  dma::asynchronous::FabricService<test::Payload> service(io.get_executor());
+  std::error_code ec;
+  service.open(configuration, ec);
+  CHECK(ec);
+  CHECK_FALSE(service.is_open());
+}
+
+TEST_CASE("submitting on a closed service completes with not_open", "[loopback][endpoint]") {
+  asio::io_context io;
+  dma::asynchronous::FabricService<test::Payload> service(io.get_executor());
+  auto future = service.submit(dma::TransferRequest<test::Payload>{}, asio::use_future);
+  REQUIRE(test::run_until(io, future));
+  CHECK(future.get().outcome.error() == dma::errc::not_open);
+}

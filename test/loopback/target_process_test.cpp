@@ -1,1 +1,173 @@
-#include "../catch.hpp"
+// A target in a separate process: the one_target example, driven over its stdout.
+#include "fixture.hpp"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <string>
+
+extern char** environ;
+
+namespace {
+
+// One child process with its stdout on a pipe; killed on destruction if still running.
+class Child {
+ public:
+  explicit Child(std::vector<std::string> arguments) {
+    int fds[2];
+    REQUIRE(pipe(fds) == 0);
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO);
+    posix_spawn_file_actions_addclose(&actions, fds[0]);
+    std::vector<char*> argv;
+    for (auto& a : arguments) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    const int rc = posix_spawn(&pid_, argv[0], &actions, nullptr, argv.data(), environ);
+    posix_spawn_file_actions_destroy(&actions);
+    close(fds[1]);
+    out_ = fds[0];
+    REQUIRE(rc == 0);
+  }
+  ~Child() {
+    kill_now();
+    close(out_);
+  }
+
+  void kill_now() {
+    if (pid_ <= 0) return;
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+  }
+
+  // The next line of stdout, or "" when none arrives within the bound.
+  std::string line(std::chrono::milliseconds bound = std::chrono::seconds(20)) {
+    const auto deadline = std::chrono::steady_clock::now() + bound;
+    for (;;) {
+      if (auto at = buffer_.find('\n'); at != std::string::npos) {
+        std::string result = buffer_.substr(0, at);
+        buffer_.erase(0, at + 1);
+        return result;
+      }
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      if (left.count() <= 0) return {};
+      pollfd p{out_, POLLIN, 0};
+      if (poll(&p, 1, static_cast<int>(left.count())) <= 0) return {};
+      char chunk[512];
+      const ssize_t n = read(out_, chunk, sizeof chunk);
+      if (n <= 0) return {};
+      buffer_.append(chunk, static_cast<std::size_t>(n));
+    }
+  }
+
+  // The exit status, or -1 if it does not exit within the bound.
+  int wait(std::chrono::milliseconds bound = std::chrono::seconds(20)) {
+    const auto deadline = std::chrono::steady_clock::now() + bound;
+    while (std::chrono::steady_clock::now() < deadline) {
+      int status = 0;
+      if (waitpid(pid_, &status, WNOHANG) == pid_) {
+        pid_ = -1;
+        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return -1;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  int out_ = -1;
+  std::string buffer_;
+};
+
+std::string one_target() {
+  // Meson passes the path; run by hand, the example sits beside the test directory.
+  if (const char* path = std::getenv("DMA_ONE_TARGET")) return path;
+  char self[4096] = {};
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+  std::string dir = n > 0 ? std::string(self, static_cast<std::size_t>(n)) : std::string("test/x");
+  return dir.substr(0, dir.rfind('/')) + "/../examples/one_target";
+}
+
+dma::Advertisement advertisement_of(Child& child) {
+  const std::string prefix = "advertisement: ";
+  const std::string line = child.line();
+  INFO("one_target printed: " << line);
+  REQUIRE(line.rfind(prefix, 0) == 0);
+  return dma::Advertisement::parse(line.substr(prefix.size()));
+}
+
+}  // namespace
+
+TEST_CASE("a write reaches a target in another process, which verifies it", "[loopback][process]") {
+  Child target({one_target(), "127.0.0.1"});
+  const auto peer = advertisement_of(target);
+  CHECK(target.line() == "waiting for a transfer into 4096 bytes...");
+
+  asio::io_context io;
+  dma::asynchronous::FabricService<test::Payload> service(io, test::loopback_configuration());
+  dma::TransferRequest<test::Payload> request;
+  request.client_id = 1;
+  request.peer_address = peer.address;
+  request.remote_key = peer.remote_key;
+  request.remote_address = peer.remote_address;
+  request.want_checksum = true;
+  request.caller_context.bytes.assign(4096, std::byte{0xab});
+  auto future = service.submit(std::move(request), asio::use_future);
+  REQUIRE(test::run_until(io, future));
+  const auto completion = future.get();
+
+  REQUIRE(completion.outcome.ok());
+  CHECK(completion.outcome->checksum == dma::checksum(completion.caller_context.bytes));
+  const std::string received = target.line();
+  CHECK(received.rfind("received 4096 bytes, crc 0x", 0) == 0);
+  CHECK(received.find("payload verified") != std::string::npos);
+  CHECK(target.wait() == 0);
+}
+
+TEST_CASE("a read returns what a target in another process serves", "[loopback][process]") {
+  Child target({one_target(), "--read", "127.0.0.1"});
+  const auto peer = advertisement_of(target);
+  CHECK(target.line().rfind("serving 4096 bytes of 0xab for a remote read", 0) == 0);
+
+  asio::io_context io;
+  dma::asynchronous::FabricService<test::Payload> service(io, test::loopback_configuration());
+  dma::TransferRequest<test::Payload> request;
+  request.peer_address = peer.address;
+  request.remote_key = peer.remote_key;
+  request.remote_address = peer.remote_address;
+  request.direction = dma::Direction::FromPeer;
+  request.length = 4096;
+  auto future = service.submit(std::move(request), asio::use_future);
+  REQUIRE(test::run_until(io, future));
+  const auto completion = future.get();
+
+  REQUIRE(completion.outcome.ok());
+  CHECK(completion.caller_context.bytes == std::vector<std::byte>(4096, std::byte{0xab}));
+}
+
+TEST_CASE("a killed target fails the transfers that were waiting on it", "[loopback][process]") {
+  Child target({one_target(), "127.0.0.1"});
+  const auto peer = advertisement_of(target);
+  target.kill_now();  // SIGKILL and reap, before any transfer
+
+  asio::io_context io;
+  auto configuration = test::loopback_configuration();
+  configuration.progress_deadline = std::chrono::milliseconds(300);
+  dma::asynchronous::FabricService<test::Payload> service(io, configuration);
+  dma::TransferRequest<test::Payload> request;
+  request.peer_address = peer.address;
+  request.remote_key = peer.remote_key;
+  request.caller_context.bytes.assign(4096, std::byte{0xab});
+  auto future = service.submit(std::move(request), asio::use_future);
+  REQUIRE(test::run_until(io, future));
+  const auto completion = future.get();
+  INFO(completion.outcome.message());
+  CHECK(completion.outcome.error() == dma::condition::peer_unreachable);
+}

@@ -123,6 +123,8 @@ struct TransferOp final : Operation {
 
 /// Installed in a handler's cancellation slot: cancels the operation while it is not yet posted.
 struct Canceller {
+  Canceller(std::shared_ptr<Engine> e, Operation* o, std::uint64_t s) noexcept
+      : engine(std::move(e)), op(o), sequence(s) {}
   std::shared_ptr<Engine> engine;
   Operation* op;
   std::uint64_t sequence;
@@ -216,7 +218,7 @@ class FabricService {
   template <typename CompletionToken = asio::use_awaitable_t<>>
   auto submit(TransferRequest<Context> request, CompletionToken&& token = CompletionToken()) {
     return asio::async_initiate<CompletionToken, completion_signature>(
-        [this](auto handler, TransferRequest<Context> req) { initiate(std::move(handler), std::move(req)); },
+        [this](auto handler, TransferRequest<Context> req) { this->initiate(std::move(handler), std::move(req)); },
         token, std::move(request));
   }
 

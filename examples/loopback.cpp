@@ -17,8 +17,8 @@
 namespace {
 
 constexpr std::size_t chunk = std::size_t{1} << 20;  // one transfer
-constexpr std::size_t region_size = 64 * chunk;       // the target's exposed buffer
-constexpr int depth = 16;                             // transfers in flight
+constexpr std::size_t region_size = 64 * chunk;      // the target's exposed buffer
+constexpr int depth = 16;                            // transfers in flight
 
 // The context of one transfer: a slice of a buffer the demo owns.
 struct Slice {

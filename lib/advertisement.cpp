@@ -36,7 +36,8 @@ struct Fault {
 // Untrusted text ends up in exception messages: keep it short and printable.
 std::string quoted(std::string_view text) {
   std::string out = "\"";
-  for (const char c : text.substr(0, quoted_limit)) out += (c >= 0x20 && c < 0x7f) ? c : '?';
+  for (const char c : text.substr(0, quoted_limit))
+    out += (c >= 0x20 && c < 0x7f) ? c : '?';
   if (text.size() > quoted_limit) out += "...";
   return out + '"';
 }
@@ -45,7 +46,8 @@ std::string describe(const Fault& fault, std::span<const std::string_view> field
   switch (fault.code) {
     case errc::advertisement_too_long:
       return "advertisement of " + std::to_string(fault.count) + " characters";
-    case errc::advertisement_arity: return "advertisement with " + std::to_string(fault.count) + " fields";
+    case errc::advertisement_arity:
+      return "advertisement with " + std::to_string(fault.count) + " fields";
     default:
       return std::string("advertisement ") + field_names[fault.field] + ' ' + quoted(fields[fault.field]);
   }
@@ -243,13 +245,17 @@ std::optional<std::uint64_t> parse_u64(std::string_view text) noexcept {
 
 std::error_code validate_address(std::span<const std::uint8_t> address, std::uint32_t addr_format) noexcept {
   switch (addr_format) {
-    case FI_SOCKADDR: return validate_sockaddr(address);
-    case FI_SOCKADDR_IN: return validate_in(address);
-    case FI_SOCKADDR_IN6: return validate_in6(address);
+    case FI_SOCKADDR:
+      return validate_sockaddr(address);
+    case FI_SOCKADDR_IN:
+      return validate_in(address);
+    case FI_SOCKADDR_IN6:
+      return validate_in6(address);
     // efa's GID/QPN/QKEY carry no host semantics to check here; the peer table compares identity.
     case FI_ADDR_EFA:
       return address.size() == efa_address_length ? std::error_code{} : make_error_code(errc::address_length);
-    default: return make_error_code(errc::address_format_unsupported);
+    default:
+      return make_error_code(errc::address_format_unsupported);
   }
 }
 

@@ -6,15 +6,15 @@ namespace dma {
 
 std::string_view to_string(Provider provider) noexcept {
   switch (provider) {
-    case Provider::tcp: return "tcp";
-    case Provider::efa_direct: return "efa-direct";
+    case Provider::tcp:
+      return "tcp";
+    case Provider::efa_direct:
+      return "efa-direct";
   }
   return "unknown";
 }
 
-std::string_view provider_name(Provider provider) noexcept {
-  return provider == Provider::efa_direct ? "efa" : "tcp";
-}
+std::string_view provider_name(Provider provider) noexcept { return provider == Provider::efa_direct ? "efa" : "tcp"; }
 
 std::optional<std::string_view> fabric_name(Provider provider) noexcept {
   if (provider == Provider::efa_direct) return "efa-direct";
@@ -23,9 +23,12 @@ std::optional<std::string_view> fabric_name(Provider provider) noexcept {
 
 std::string_view to_string(WaitMode mode) noexcept {
   switch (mode) {
-    case WaitMode::fd: return "fd";
-    case WaitMode::adaptive: return "adaptive";
-    case WaitMode::busy_poll: return "busy-poll";
+    case WaitMode::fd:
+      return "fd";
+    case WaitMode::adaptive:
+      return "adaptive";
+    case WaitMode::busy_poll:
+      return "busy-poll";
   }
   return "unknown";
 }

@@ -28,7 +28,9 @@ using Clock = std::chrono::steady_clock;
 // Written only on the strand, read from anywhere: a relaxed load + store, no locked instruction.
 class Counter {
  public:
-  void add(std::uint64_t n = 1) noexcept { value_.store(value_.load(std::memory_order_relaxed) + n, std::memory_order_relaxed); }
+  void add(std::uint64_t n = 1) noexcept {
+    value_.store(value_.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
+  }
   std::uint64_t get() const noexcept { return value_.load(std::memory_order_relaxed); }
 
  private:
@@ -143,7 +145,8 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
       batch.swap(intake_);
       intake_scheduled_ = false;
     }
-    while (Operation* op = batch.pop_front()) accept(op);
+    while (Operation* op = batch.pop_front())
+      accept(op);
     post_pending();
     schedule_progress();
   }
@@ -283,8 +286,7 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
     }
     --in_flight_;
     char text[256] = {};
-    const char* provider_text =
-        fi_cq_strerror(endpoint_.cq(), entry.prov_errno, entry.err_data, text, sizeof text);
+    const char* provider_text = fi_cq_strerror(endpoint_.cq(), entry.prov_errno, entry.err_data, text, sizeof text);
     std::error_code ec = fabric_error(entry.err);
     if (stopping_ && entry.err == FI_ECANCELED) ec = errc::shutdown;
     finish(Operation::from_context(entry.op_context), ec, entry.prov_errno,
@@ -389,7 +391,7 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
     fid* fids[] = {&endpoint_.cq()->fid};
     const int rc = fi_trywait(endpoint_.fabric(), fids, 1);
     if (rc == -FI_EAGAIN) return schedule_poll();  // completions are ready: yield, then drain
-    if (rc != 0) return schedule_poll();             // no usable wait object: poll
+    if (rc != 0) return schedule_poll();           // no usable wait object: poll
     wait_armed_ = true;
     descriptor_->async_wait(asio::posix::descriptor_base::wait_read,
                             [self = shared_from_this()](std::error_code ec) { self->on_wake(ec); });
@@ -434,8 +436,10 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
       std::lock_guard lock(intake_mutex_);
       batch.swap(intake_);
     }
-    while (Operation* op = batch.pop_front()) fail(op, errc::shutdown);
-    while (Operation* op = pending_.pop_front()) finish(op, errc::shutdown, 0, "never posted");
+    while (Operation* op = batch.pop_front())
+      fail(op, errc::shutdown);
+    while (Operation* op = pending_.pop_front())
+      finish(op, errc::shutdown, 0, "never posted");
     if (idle()) return close();
     shutdown_timer_.expires_after(configuration_.progress_deadline);
     shutdown_timer_.async_wait([self = shared_from_this()](std::error_code ec) {
@@ -474,17 +478,20 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
       descriptor_.reset();
     }
     if (endpoint_.cq() == nullptr) return;
-    while (Operation* op = pending_.pop_front()) op->functions->destroy(op);
+    while (Operation* op = pending_.pop_front())
+      op->functions->destroy(op);
     {
       std::lock_guard lock(intake_mutex_);
-      while (Operation* op = intake_.pop_front()) op->functions->destroy(op);
+      while (Operation* op = intake_.pop_front())
+        op->functions->destroy(op);
     }
     if (in_flight_ > 0) {
       endpoint_.close_endpoint();
       for (int round = 0; round < 1000 && in_flight_ > 0; ++round) {
         const ssize_t n = fi_cq_read(endpoint_.cq(), entries_.data(), entries_.size());
         if (n > 0) {
-          for (ssize_t i = 0; i < n; ++i) destroy_in_flight(entries_[static_cast<std::size_t>(i)].op_context);
+          for (ssize_t i = 0; i < n; ++i)
+            destroy_in_flight(entries_[static_cast<std::size_t>(i)].op_context);
         } else if (n == -FI_EAVAIL) {
           fi_cq_err_entry entry{};
           if (fi_cq_readerr(endpoint_.cq(), &entry, 0) > 0 && entry.op_context != nullptr) {

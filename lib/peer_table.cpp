@@ -35,8 +35,7 @@ PeerTable::PeerTable(std::uint32_t addr_format, InsertFn insert, RemoveFn remove
 
 PeerTable::~PeerTable() = default;
 
-fi_addr_t PeerTable::insert(std::uint64_t client_id, std::span<const std::uint8_t> address,
-                            std::error_code& ec) {
+fi_addr_t PeerTable::insert(std::uint64_t client_id, std::span<const std::uint8_t> address, std::error_code& ec) {
   ec.clear();
   // Hot path, taken on every post: the bytes match what the client holds, so their length was checked.
   auto held = by_client_.find(client_id);
@@ -65,7 +64,8 @@ void PeerTable::release(std::uint64_t client_id) {
 void PeerTable::clear() {
   // Emptied before RemoveFn runs, so the table is consistent whatever the callee does.
   by_client_.clear();
-  for (auto& [identity, entry] : std::exchange(by_identity_, {})) remove_(entry.handle);
+  for (auto& [identity, entry] : std::exchange(by_identity_, {}))
+    remove_(entry.handle);
 }
 
 std::optional<fi_addr_t> PeerTable::find(std::uint64_t client_id) const {
@@ -111,8 +111,7 @@ void PeerTable::evict(std::uint64_t client_id, ByIdentity::iterator stale) {
   remove_(handle);
 }
 
-fi_addr_t PeerTable::add(std::uint64_t client_id, std::span<const std::uint8_t> address,
-                         std::error_code& ec) {
+fi_addr_t PeerTable::add(std::uint64_t client_id, std::span<const std::uint8_t> address, std::error_code& ec) {
   fi_addr_t handle = FI_ADDR_NOTAVAIL;
   if ((ec = insert_(address, handle))) return FI_ADDR_NOTAVAIL;
   auto node = by_identity_.end();

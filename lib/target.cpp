@@ -20,9 +20,12 @@ namespace {
 
 std::uint64_t access_bits(Target::Access access) {
   switch (access) {
-    case Target::Access::read: return FI_REMOTE_READ;
-    case Target::Access::write: return FI_REMOTE_WRITE;
-    case Target::Access::read_write: break;
+    case Target::Access::read:
+      return FI_REMOTE_READ;
+    case Target::Access::write:
+      return FI_REMOTE_WRITE;
+    case Target::Access::read_write:
+      break;
   }
   return FI_REMOTE_READ | FI_REMOTE_WRITE;
 }
@@ -59,10 +62,11 @@ struct Target::State : std::enable_shared_from_this<State> {
       fid* fids[] = {&endpoint.cq()->fid};
       if (fi_trywait(endpoint.fabric(), fids, 1) == 0) {
         wait_armed = true;
-        descriptor->async_wait(asio::posix::descriptor_base::wait_read, [self = shared_from_this()](std::error_code ec) {
-          self->wait_armed = false;
-          if (ec != asio::error::operation_aborted) self->progress();
-        });
+        descriptor->async_wait(asio::posix::descriptor_base::wait_read,
+                               [self = shared_from_this()](std::error_code ec) {
+                                 self->wait_armed = false;
+                                 if (ec != asio::error::operation_aborted) self->progress();
+                               });
       } else {
         asio::post(executor, [self = shared_from_this()] { self->progress(); });
         return;
@@ -147,8 +151,8 @@ Target::Region Target::expose(std::span<std::byte> buffer, Access access, std::e
   // Random keys make a guessed rkey useless; a duplicate (-FI_ENOKEY) just draws again.
   for (int attempt = 0; attempt < 8; ++attempt) {
     ec.clear();
-    mr = endpoint.register_memory(buffer.data(), buffer.size(), access_bits(access),
-                                  provider_keys ? 0 : random_key(), ec);
+    mr = endpoint.register_memory(buffer.data(), buffer.size(), access_bits(access), provider_keys ? 0 : random_key(),
+                                  ec);
     if (ec != fabric_error(-FI_ENOKEY)) break;
   }
   if (ec) return {};

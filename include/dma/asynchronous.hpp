@@ -2,9 +2,9 @@
 // completion token. `co_await service.submit(request)` resumes when the transfer's CQ entry arrives.
 #pragma once
 
+#include <dma/checksum.hpp>
 #include <dma/config.hpp>
 #include <dma/configuration.hpp>
-#include <dma/checksum.hpp>
 #include <dma/detail/engine.hpp>
 #include <dma/endpoint.hpp>
 #include <dma/error.hpp>
@@ -164,8 +164,8 @@ class FabricService {
   }
 
   template <typename ExecutionContext>
-    requires std::is_convertible_v<ExecutionContext&, asio::execution_context&>
-  FabricService(ExecutionContext& context, const Configuration& configuration)
+  requires std::is_convertible_v<ExecutionContext&, asio::execution_context&> FabricService(
+      ExecutionContext& context, const Configuration& configuration)
       : FabricService(context.get_executor(), configuration) {}
 
   /// Transfers never posted fail with errc::shutdown; posted ones finish (bounded by

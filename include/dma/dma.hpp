@@ -5,8 +5,8 @@
 
 #include <dma/advertisement.hpp>
 #include <dma/asynchronous.hpp>
-#include <dma/configuration.hpp>
 #include <dma/checksum.hpp>
+#include <dma/configuration.hpp>
 #include <dma/endpoint.hpp>
 #include <dma/error.hpp>
 #include <dma/target.hpp>

@@ -20,18 +20,18 @@ namespace dma {
 
 /// What an endpoint ended up with; lines() is the `DMA.INFO`-style diagnostic of the Rust crate.
 struct EndpointInfo {
-  std::string provider;        ///< fabric_attr->prov_name, e.g. "tcp;ofi_rxm"
-  std::string fabric;          ///< fabric_attr->name
-  std::string domain;          ///< domain_attr->name
+  std::string provider;  ///< fabric_attr->prov_name, e.g. "tcp;ofi_rxm"
+  std::string fabric;    ///< fabric_attr->name
+  std::string domain;    ///< domain_attr->name
   std::uint32_t addr_format = 0;
   std::uint64_t mr_mode = 0;
   std::uint64_t caps = 0;
   bool requires_local_mr = false;
   bool uses_virtual_addressing = false;
-  std::size_t tx_size = 0;     ///< tx_attr->size
-  std::size_t cq_size = 0;     ///< completion queue entries
-  std::size_t credits = 0;     ///< transfers the service posts at once
-  bool wait_fd = false;        ///< whether the CQ has an FI_WAIT_FD descriptor
+  std::size_t tx_size = 0;  ///< tx_attr->size
+  std::size_t cq_size = 0;  ///< completion queue entries
+  std::size_t credits = 0;  ///< transfers the service posts at once
+  bool wait_fd = false;     ///< whether the CQ has an FI_WAIT_FD descriptor
 
   /// provider, addr_format, mr_mode, caps, requires_local_mr, uses_virtual_addressing: the seed's
   /// six lines, exactly.

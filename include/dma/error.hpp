@@ -9,35 +9,35 @@ namespace dma {
 /// Errors the library itself reports (libfabric's codes use fabric_category()).
 enum class errc {
   // Advertisement parsing and validation (untrusted input).
-  advertisement_arity = 1,  ///< not exactly three fields
-  advertisement_hex,        ///< address is not an even-length hex string
-  advertisement_integer,    ///< rkey or remote address is not a decimal u64
-  address_length,           ///< decoded address has the wrong length for the address format
-  address_family,           ///< sockaddr family does not match the address format
-  address_port_zero,        ///< port 0
-  address_unspecified,      ///< 0.0.0.0 or ::
-  address_multicast,        ///< multicast address
-  address_broadcast,        ///< 255.255.255.255
+  advertisement_arity = 1,     ///< not exactly three fields
+  advertisement_hex,           ///< address is not an even-length hex string
+  advertisement_integer,       ///< rkey or remote address is not a decimal u64
+  address_length,              ///< decoded address has the wrong length for the address format
+  address_family,              ///< sockaddr family does not match the address format
+  address_port_zero,           ///< port 0
+  address_unspecified,         ///< 0.0.0.0 or ::
+  address_multicast,           ///< multicast address
+  address_broadcast,           ///< 255.255.255.255
   address_format_unsupported,  ///< the endpoint's address format cannot be validated
-  advertisement_too_long,   ///< longer than max_advertisement_length, rejected before parsing
+  advertisement_too_long,      ///< longer than max_advertisement_length, rejected before parsing
   // Operands.
-  no_source,                ///< a ToPeer context supplied no source bytes
-  no_landing_buffer,        ///< a FromPeer context allocated no landing buffer
-  landing_buffer_too_small, ///< a FromPeer context allocated fewer bytes than asked
-  operand_range_overflows,  ///< base + length overflows
+  no_source,                 ///< a ToPeer context supplied no source bytes
+  no_landing_buffer,         ///< a FromPeer context allocated no landing buffer
+  landing_buffer_too_small,  ///< a FromPeer context allocated fewer bytes than asked
+  operand_range_overflows,   ///< base + length overflows
   // Transfers.
-  progress_deadline,        ///< no progress posting within progress_deadline
-  peer_removed,             ///< the peer was removed before the transfer could be posted
-  shutdown,                 ///< the service shut down before the transfer could finish
-  null_op_context,          ///< the provider reported an error without an operation
+  progress_deadline,  ///< no progress posting within progress_deadline
+  peer_removed,       ///< the peer was removed before the transfer could be posted
+  shutdown,           ///< the service shut down before the transfer could finish
+  null_op_context,    ///< the provider reported an error without an operation
   // Setup.
-  no_provider,              ///< fi_getinfo matched nothing
-  no_domain,                ///< no fabric domain with the configured interface name
-  not_open,                 ///< the service or target is not open
-  zero_length_region,       ///< cannot register 0 bytes
-  region_range_overflows,   ///< registered region's range overflows
-  invalid_configuration,    ///< a configuration value is out of range
-  av_insert_failed,         ///< fi_av_insert inserted fewer addresses than asked
+  no_provider,             ///< fi_getinfo matched nothing
+  no_domain,               ///< no fabric domain with the configured interface name
+  not_open,                ///< the service or target is not open
+  zero_length_region,      ///< cannot register 0 bytes
+  region_range_overflows,  ///< registered region's range overflows
+  invalid_configuration,   ///< a configuration value is out of range
+  av_insert_failed,        ///< fi_av_insert inserted fewer addresses than asked
 };
 
 /// Broad classes a caller can branch on: `if (ec == dma::condition::peer_unreachable)`.

@@ -55,8 +55,8 @@ class Target {
   /// Opens the endpoint and starts driving progress on executor. Throws std::system_error.
   Target(const executor_type& executor, const Configuration& configuration);
   template <typename ExecutionContext>
-    requires std::is_convertible_v<ExecutionContext&, asio::execution_context&>
-  Target(ExecutionContext& context, const Configuration& configuration)
+  requires std::is_convertible_v<ExecutionContext&, asio::execution_context&> Target(ExecutionContext& context,
+                                                                                     const Configuration& configuration)
       : Target(executor_type(context.get_executor()), configuration) {}
   /// Stops driving progress. Regions still alive keep the endpoint open until they go.
   ~Target();

@@ -21,7 +21,7 @@ enum class Direction {
 
 /// What a successful transfer did.
 struct TransferDone {
-  std::size_t bytes = 0;                ///< the operand length
+  std::size_t bytes = 0;                  ///< the operand length
   std::optional<std::uint32_t> checksum;  ///< CRC-32C of the local operand, when asked for
 };
 
@@ -85,15 +85,15 @@ struct CacheableSpan {
 /// in the Completion; the operand must stay valid and unmodified until then.
 template <typename Context>
 struct TransferRequest {
-  std::uint64_t client_id = 0;            ///< stable per client; never reused
-  std::vector<std::uint8_t> peer_address; ///< the advertised raw fabric address
+  std::uint64_t client_id = 0;             ///< stable per client; never reused
+  std::vector<std::uint8_t> peer_address;  ///< the advertised raw fabric address
   std::uint64_t remote_key = 0;
-  std::uint64_t remote_address = 0;       ///< VA on FI_MR_VIRT_ADDR providers, offset on tcp
+  std::uint64_t remote_address = 0;  ///< VA on FI_MR_VIRT_ADDR providers, offset on tcp
   Direction direction = Direction::ToPeer;
-  std::size_t length = 0;                 ///< FromPeer: bytes to read (ToPeer: the source's size)
-  bool want_checksum = false;             ///< CRC-32C of the local operand in TransferDone
+  std::size_t length = 0;      ///< FromPeer: bytes to read (ToPeer: the source's size)
+  bool want_checksum = false;  ///< CRC-32C of the local operand in TransferDone
   Context caller_context{};
-  std::optional<std::uint64_t> parent_id; ///< tracing parent; unused by the library itself
+  std::optional<std::uint64_t> parent_id;  ///< tracing parent; unused by the library itself
 };
 
 /// How the library reaches the operand inside a context. The primary template calls the context's
@@ -126,7 +126,10 @@ struct Operands {
  private:
   template <typename T>
   static std::optional<std::span<const std::byte>> to_bytes(T&& value) {
-    if constexpr (requires { value.has_value(); *value; }) {
+    if constexpr (requires {
+                    value.has_value();
+                    *value;
+                  }) {
       if (!value) return std::nullopt;
       return to_bytes(*value);
     } else {
@@ -135,7 +138,10 @@ struct Operands {
   }
   template <typename T>
   static std::optional<std::span<std::byte>> to_writable_bytes(T&& value) {
-    if constexpr (requires { value.has_value(); *value; }) {
+    if constexpr (requires {
+                    value.has_value();
+                    *value;
+                  }) {
       if (!value) return std::nullopt;
       return to_writable_bytes(*value);
     } else {
@@ -147,8 +153,7 @@ struct Operands {
 /// A byte vector is its own operand: source() is the whole vector, allocate(n) resizes it to n
 /// (zero-filled) and returns all of it.
 template <typename Byte, typename Allocator>
-  requires(sizeof(Byte) == 1 && std::is_trivially_copyable_v<Byte>)
-struct Operands<std::vector<Byte, Allocator>> {
+requires(sizeof(Byte) == 1 && std::is_trivially_copyable_v<Byte>) struct Operands<std::vector<Byte, Allocator>> {
   static std::optional<std::span<const std::byte>> source(const std::vector<Byte, Allocator>& v) {
     return std::as_bytes(std::span(v));
   }

@@ -12,8 +12,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
-#include <set>
 #include <future>
+#include <set>
 #include <thread>
 #include <vector>
 
@@ -77,7 +77,8 @@ class RemoteBuffer {
 
 /// Runs io until future is ready or the bound passes; returns whether it became ready.
 template <typename T>
-bool run_until(asio::io_context& io, std::future<T>& future, std::chrono::milliseconds bound = std::chrono::seconds(20)) {
+bool run_until(asio::io_context& io, std::future<T>& future,
+               std::chrono::milliseconds bound = std::chrono::seconds(20)) {
   const auto deadline = std::chrono::steady_clock::now() + bound;
   while (future.wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
     if (std::chrono::steady_clock::now() >= deadline) return false;
@@ -89,7 +90,8 @@ bool run_until(asio::io_context& io, std::future<T>& future, std::chrono::millis
 
 inline std::vector<std::byte> pattern(std::size_t size, unsigned seed) {
   std::vector<std::byte> bytes(size);
-  for (std::size_t i = 0; i < size; ++i) bytes[i] = static_cast<std::byte>((i * 131 + seed * 7 + (i >> 12)) & 0xff);
+  for (std::size_t i = 0; i < size; ++i)
+    bytes[i] = static_cast<std::byte>((i * 131 + seed * 7 + (i >> 12)) & 0xff);
   return bytes;
 }
 

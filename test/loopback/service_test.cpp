@@ -17,7 +17,10 @@ namespace {
 dma::Completion<test::Payload> await_one(asio::io_context& io, Service& service,
                                          dma::TransferRequest<test::Payload> request) {
   auto future = asio::co_spawn(
-      io, [&]() -> asio::awaitable<dma::Completion<test::Payload>> { co_return co_await service.submit(std::move(request)); },
+      io,
+      [&]() -> asio::awaitable<dma::Completion<test::Payload>> {
+        co_return co_await service.submit(std::move(request));
+      },
       asio::use_future);
   REQUIRE(test::run_until(io, future));
   return future.get();
@@ -62,8 +65,10 @@ TEST_CASE("a write at an offset lands only in its slice", "[loopback][write]") {
 
   REQUIRE(completion.outcome.ok());
   CHECK(std::equal(bytes.begin(), bytes.end(), remote.memory().begin() + 4096));
-  CHECK(std::all_of(remote.memory().begin(), remote.memory().begin() + 4096, [](std::byte b) { return b == std::byte{0}; }));
-  CHECK(std::all_of(remote.memory().begin() + 8192, remote.memory().end(), [](std::byte b) { return b == std::byte{0}; }));
+  CHECK(std::all_of(remote.memory().begin(), remote.memory().begin() + 4096,
+                    [](std::byte b) { return b == std::byte{0}; }));
+  CHECK(std::all_of(remote.memory().begin() + 8192, remote.memory().end(),
+                    [](std::byte b) { return b == std::byte{0}; }));
 }
 
 TEST_CASE("a read returns the target's bytes", "[loopback][read]") {
@@ -124,7 +129,8 @@ TEST_CASE("10,000 transfers with 64 in flight each complete exactly once", "[loo
       if (submitted < total) submit_next();
     });
   };
-  for (int i = 0; i < 64; ++i) submit_next();
+  for (int i = 0; i < 64; ++i)
+    submit_next();
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
   while (done < total && std::chrono::steady_clock::now() < deadline) {
     io.restart();
@@ -172,12 +178,48 @@ TEST_CASE("a malformed peer address is rejected with its own error and nothing i
   };
   std::vector<Case> cases = {
       {"short", std::vector<std::uint8_t>(good.begin(), good.begin() + 15), dma::errc::address_length},
-      {"long", [&] { auto a = good; a.push_back(0); return a; }(), dma::errc::address_length},
-      {"family", [&] { auto a = good; a[0] = 10; return a; }(), dma::errc::address_family},
-      {"port 0", [&] { auto a = good; a[2] = a[3] = 0; return a; }(), dma::errc::address_port_zero},
-      {"unspecified", [&] { auto a = good; a[4] = a[7] = 0; return a; }(), dma::errc::address_unspecified},
-      {"multicast", [&] { auto a = good; a[4] = 224; return a; }(), dma::errc::address_multicast},
-      {"broadcast", [&] { auto a = good; a[4] = a[5] = a[6] = a[7] = 255; return a; }(), dma::errc::address_broadcast},
+      {"long",
+       [&] {
+         auto a = good;
+         a.push_back(0);
+         return a;
+       }(),
+       dma::errc::address_length},
+      {"family",
+       [&] {
+         auto a = good;
+         a[0] = 10;
+         return a;
+       }(),
+       dma::errc::address_family},
+      {"port 0",
+       [&] {
+         auto a = good;
+         a[2] = a[3] = 0;
+         return a;
+       }(),
+       dma::errc::address_port_zero},
+      {"unspecified",
+       [&] {
+         auto a = good;
+         a[4] = a[7] = 0;
+         return a;
+       }(),
+       dma::errc::address_unspecified},
+      {"multicast",
+       [&] {
+         auto a = good;
+         a[4] = 224;
+         return a;
+       }(),
+       dma::errc::address_multicast},
+      {"broadcast",
+       [&] {
+         auto a = good;
+         a[4] = a[5] = a[6] = a[7] = 255;
+         return a;
+       }(),
+       dma::errc::address_broadcast},
   };
   for (auto& c : cases) {
     INFO(c.name);
@@ -220,7 +262,8 @@ TEST_CASE("a landing buffer shorter than the read fails with landing_buffer_too_
   CHECK(future.get().outcome.error() == dma::errc::landing_buffer_too_small);
 }
 
-TEST_CASE("every completion token works: callback, use_awaitable, deferred, use_future, as_tuple", "[loopback][tokens]") {
+TEST_CASE("every completion token works: callback, use_awaitable, deferred, use_future, as_tuple",
+          "[loopback][tokens]") {
   test::RemoteBuffer remote(5 * 64);
   asio::io_context io;
   Service service(io, test::loopback_configuration());
@@ -252,7 +295,8 @@ TEST_CASE("every completion token works: callback, use_awaitable, deferred, use_
   REQUIRE(test::run_until(io, by_future));
   REQUIRE(test::run_until(io, by_awaitable));
   REQUIRE(test::run_until(io, by_tuple));
-  for (int i = 0; i < 100 && (!by_callback || !by_deferred); ++i) io.run_for(std::chrono::milliseconds(10));
+  for (int i = 0; i < 100 && (!by_callback || !by_deferred); ++i)
+    io.run_for(std::chrono::milliseconds(10));
 
   REQUIRE(by_callback);
   CHECK(by_callback->outcome.ok());
@@ -279,7 +323,9 @@ TEST_CASE("a submission from a foreign thread completes on the service's executo
   auto future = result.get_future();
   std::thread foreign([&] {
     service.submit(remote.request(Direction::ToPeer, test::Payload{test::pattern(4096, 9)}),
-                   [&](dma::Completion<test::Payload> c) { result.set_value({c.outcome.ok(), std::this_thread::get_id()}); });
+                   [&](dma::Completion<test::Payload> c) {
+                     result.set_value({c.outcome.ok(), std::this_thread::get_id()});
+                   });
   });
   foreign.join();
   const bool ready = future.wait_for(std::chrono::seconds(20)) == std::future_status::ready;
@@ -301,7 +347,8 @@ TEST_CASE("the service works on an io_context run by several threads", "[loopbac
   Service service(io, test::loopback_configuration());
   auto work = asio::make_work_guard(io);
   std::vector<std::thread> runners;
-  for (int i = 0; i < 4; ++i) runners.emplace_back([&] { io.run(); });
+  for (int i = 0; i < 4; ++i)
+    runners.emplace_back([&] { io.run(); });
 
   std::atomic<int> ok{0}, failed{0};
   std::vector<std::atomic<int>> seen(total);
@@ -317,14 +364,16 @@ TEST_CASE("the service works on an io_context run by several threads", "[loopbac
       }
     });
   }
-  for (auto& s : submitters) s.join();
+  for (auto& s : submitters)
+    s.join();
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
   while (ok + failed < total && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   work.reset();
   io.stop();
-  for (auto& r : runners) r.join();
+  for (auto& r : runners)
+    r.join();
 
   CHECK(ok == total);
   CHECK(failed == 0);
@@ -347,7 +396,8 @@ TEST_CASE("cancelling a transfer that is not yet posted completes it with operat
   io.run_for(std::chrono::milliseconds(50));
   REQUIRE_FALSE(completion);
   signal.emit(asio::cancellation_type::terminal);
-  for (int i = 0; i < 100 && !completion; ++i) io.run_for(std::chrono::milliseconds(10));
+  for (int i = 0; i < 100 && !completion; ++i)
+    io.run_for(std::chrono::milliseconds(10));
 
   REQUIRE(completion);
   CHECK(completion->outcome.error() == asio::error::operation_aborted);

@@ -26,7 +26,8 @@ class Child {
     posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO);
     posix_spawn_file_actions_addclose(&actions, fds[0]);
     std::vector<char*> argv;
-    for (auto& a : arguments) argv.push_back(a.data());
+    for (auto& a : arguments)
+      argv.push_back(a.data());
     argv.push_back(nullptr);
     const int rc = posix_spawn(&pid_, argv[0], &actions, nullptr, argv.data(), environ);
     posix_spawn_file_actions_destroy(&actions);
@@ -55,7 +56,8 @@ class Child {
         buffer_.erase(0, at + 1);
         return result;
       }
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
       if (left.count() <= 0) return {};
       pollfd p{out_, POLLIN, 0};
       if (poll(&p, 1, static_cast<int>(left.count())) <= 0) return {};

@@ -83,9 +83,7 @@ Bytes ipv6(const char* ip, std::uint16_t port, sa_family_t family = AF_INET6) {
   return bytes_of(in6);
 }
 
-std::error_code validate(const Bytes& address, std::uint32_t format) {
-  return dma::validate_address(address, format);
-}
+std::error_code validate(const Bytes& address, std::uint32_t format) { return dma::validate_address(address, format); }
 
 }  // namespace
 
@@ -310,7 +308,8 @@ TEST_CASE("an advertisement with an empty address does not survive to_string and
 
 TEST_CASE("every byte value survives encode_hex and decode_hex", "[advertisement]") {
   Bytes all(256);
-  for (std::size_t i = 0; i < all.size(); ++i) all[i] = static_cast<std::uint8_t>(i);
+  for (std::size_t i = 0; i < all.size(); ++i)
+    all[i] = static_cast<std::uint8_t>(i);
   const std::string text = dma::encode_hex(all);
   CHECK(text.size() == 512);
   CHECK(text.substr(0, 8) == "00010203");
@@ -350,10 +349,10 @@ TEST_CASE("parse_u64 follows Rust's u64 rules", "[advertisement]") {
 }
 
 TEST_CASE("every advertisement error is an invalid_advertisement", "[advertisement]") {
-  for (const errc code : {errc::advertisement_arity, errc::advertisement_hex, errc::advertisement_integer,
-                          errc::advertisement_too_long, errc::address_length, errc::address_family,
-                          errc::address_port_zero, errc::address_unspecified, errc::address_multicast,
-                          errc::address_broadcast, errc::address_format_unsupported}) {
+  for (const errc code :
+       {errc::advertisement_arity, errc::advertisement_hex, errc::advertisement_integer, errc::advertisement_too_long,
+        errc::address_length, errc::address_family, errc::address_port_zero, errc::address_unspecified,
+        errc::address_multicast, errc::address_broadcast, errc::address_format_unsupported}) {
     CHECK(dma::make_error_code(code) == dma::condition::invalid_advertisement);
   }
 }

@@ -1,6 +1,6 @@
 // The peer-address table against a fake AV: which addresses reach fi_av_insert / fi_av_remove, and when.
-#include "../catch.hpp"
 #include "peer_table.hpp"
+#include "../catch.hpp"
 
 #include <dma/error.hpp>
 
@@ -68,7 +68,8 @@ Bytes efa_address(std::uint8_t gid_tag, std::uint16_t qpn, std::uint32_t qkey) {
   address[15] = gid_tag;
   address[16] = static_cast<std::uint8_t>(qpn & 0xff);
   address[17] = static_cast<std::uint8_t>(qpn >> 8);
-  for (int i = 0; i < 4; ++i) address[20 + i] = static_cast<std::uint8_t>(qkey >> (8 * i));
+  for (int i = 0; i < 4; ++i)
+    address[20 + i] = static_cast<std::uint8_t>(qkey >> (8 * i));
   return address;
 }
 
@@ -140,7 +141,8 @@ TEST_CASE("re-asking for the same address holds one reference", "[peers]") {
   FakeAv av;
   auto table = av.table(opaque);
   for (int round = 0; round < 3; ++round) {
-    for (std::uint64_t client = 1; client <= 3; ++client) insert_ok(table, client, opaque_address(1));
+    for (std::uint64_t client = 1; client <= 3; ++client)
+      insert_ok(table, client, opaque_address(1));
   }
   CHECK(table.use_count(1) == 3);
   CHECK(av.inserted.size() == 1);
@@ -337,9 +339,7 @@ struct Model {
   std::map<std::uint64_t, Bytes> bound;
   std::uint64_t evictions = 0;
 
-  Bytes identity(const Bytes& address) const {
-    return efa ? Bytes(address.begin(), address.begin() + 18) : address;
-  }
+  Bytes identity(const Bytes& address) const { return efa ? Bytes(address.begin(), address.begin() + 18) : address; }
   void insert(std::uint64_t client, const Bytes& address) {
     std::erase_if(bound, [&](const auto& binding) {
       if (binding.second == address || identity(binding.second) != identity(address)) return false;
@@ -350,7 +350,8 @@ struct Model {
   }
   std::size_t entries() const {
     std::set<Bytes> distinct;
-    for (const auto& [client, address] : bound) distinct.insert(address);
+    for (const auto& [client, address] : bound)
+      distinct.insert(address);
     return distinct.size();
   }
   std::size_t use_count(std::uint64_t client) const {
@@ -369,7 +370,8 @@ void check_against(const PeerTable& table, const FakeAv& av, const Model& model)
   REQUIRE(av.live.size() == table.entries());
   // The AV never holds two live entries for one slot.
   std::set<Bytes> slots;
-  for (const auto& [handle, address] : av.live) REQUIRE(slots.insert(model.identity(address)).second);
+  for (const auto& [handle, address] : av.live)
+    REQUIRE(slots.insert(model.identity(address)).second);
   for (std::uint64_t client = 0; client < 20; ++client) {
     REQUIRE(table.use_count(client) == model.use_count(client));
     auto handle = table.find(client);

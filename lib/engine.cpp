@@ -393,6 +393,7 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
     if (rc == -FI_EAGAIN) return schedule_poll();  // completions are ready: yield, then drain
     if (rc != 0) return schedule_poll();           // no usable wait object: poll
     wait_armed_ = true;
+    armed_at_ = Clock::now();
     descriptor_->async_wait(asio::posix::descriptor_base::wait_read,
                             [self = shared_from_this()](std::error_code ec) { self->on_wake(ec); });
     // An edge that fired between fi_trywait and the arm is lost to an epoll reactor; one read now
@@ -421,7 +422,10 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
   void on_backstop(std::error_code ec) {
     backstop_armed_ = false;
     if (ec == asio::error::operation_aborted || closed_) return;
-    if (reap() != 0) backstop_hits_.add();
+    // Completions that sat in the CQ while the fd wait was armed for a whole interval mean a
+    // wake-up was lost; completions found sooner were only beaten to the strand by this timer.
+    const bool waited = wait_armed_ && Clock::now() - armed_at_ >= configuration_.backstop_interval;
+    if (reap() != 0 && waited) backstop_hits_.add();
     post_pending();
     schedule_progress();
     if (!idle() && !backstop_armed_) arm_backstop(configuration_.backstop_interval);
@@ -452,7 +456,7 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
   // every one of them back (FI_ECANCELED), and only then is their memory released.
   void flush_and_close() {
     endpoint_.close_endpoint();
-    reap();
+    for (int round = 0; round < 1000 && in_flight_ > 0; ++round) reap();
     close();
   }
 
@@ -532,6 +536,7 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
   std::unordered_set<std::uint64_t> removal_pending_;
   std::vector<fi_cq_entry> entries_;
   bool wait_armed_ = false;
+  Clock::time_point armed_at_{};
   bool backstop_armed_ = false;
   bool poll_scheduled_ = false;
   bool stopping_ = false;

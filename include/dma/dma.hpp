@@ -9,5 +9,7 @@
 #include <dma/configuration.hpp>
 #include <dma/endpoint.hpp>
 #include <dma/error.hpp>
+#include <dma/fabric_service.hpp>
+#include <dma/pool.hpp>
 #include <dma/target.hpp>
 #include <dma/transfer.hpp>

@@ -1,0 +1,260 @@
+// dma::FabricService<Context>: the Rust crate's callback API for code without Asio. A thin layer
+// over asynchronous::FabricService: it runs the asynchronous service on its own io_context thread
+// (`fabric-NN`) and hands completions to a BatchCompleter, one batch per completion-queue drain.
+// Checksummed transfers are finished on a Pool so hashing never stalls the reaper.
+#pragma once
+
+#include <dma/asynchronous.hpp>
+#include <dma/checksum.hpp>
+#include <dma/config.hpp>
+#include <dma/pool.hpp>
+
+#include <asio/executor_work_guard.hpp>
+#include <asio/io_context.hpp>
+#include <asio/post.hpp>
+#include <asio/use_future.hpp>
+
+#include <pthread.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <thread>
+#include <vector>
+
+namespace dma {
+
+/// Receives the completions of one completion-queue drain at a time. It runs on the service's
+/// `fabric-NN` thread (plain batches) and on Pool threads (checksummed batches), possibly at the
+/// same time: it must be thread-safe, quick, and must not throw. It may move the contexts out.
+template <typename Context>
+using BatchCompleter = std::function<void(std::span<Completion<Context>> batch)>;
+
+namespace detail {
+
+/// Process-wide numbering of fabric threads: fabric-00, fabric-01, ...
+inline std::atomic<unsigned> fabric_thread_counter{0};
+
+/// The caller's context plus the operand the library resolved from it, for the checksum.
+template <typename Context>
+struct Tracked {
+  Context context;
+  mutable std::span<const std::byte> operand;
+
+  std::optional<std::span<const std::byte>> source() const {
+    auto bytes = Operands<Context>::source(context);
+    if (bytes) operand = *bytes;
+    return bytes;
+  }
+  std::optional<std::span<std::byte>> allocate(std::size_t length) {
+    auto bytes = Operands<Context>::allocate(context, length);
+    if (bytes) operand = bytes->first(std::min(length, bytes->size()));
+    return bytes;
+  }
+  std::optional<CacheableSpan> cacheable_span() const { return Operands<Context>::cacheable_span(context); }
+};
+
+}  // namespace detail
+
+template <typename Context>
+class FabricService {
+  using Inner = asynchronous::FabricService<detail::Tracked<Context>, asio::io_context::executor_type>;
+
+ public:
+  /// Opens the endpoint on a new `fabric-NN` thread and returns once it is ready. Throws
+  /// std::system_error naming the step that failed.
+  static std::unique_ptr<FabricService> start(const Configuration& configuration, BatchCompleter<Context> completer,
+                                              std::shared_ptr<Pool> pool) {
+    std::unique_ptr<FabricService> service(new FabricService(std::move(completer), std::move(pool)));
+    service->inner_.open(configuration);
+    service->deadline_ = configuration.progress_deadline;
+    service->run();
+    return service;
+  }
+
+  static std::unique_ptr<FabricService> start(const Configuration& configuration, BatchCompleter<Context> completer,
+                                              std::shared_ptr<Pool> pool, std::error_code& ec) {
+    std::unique_ptr<FabricService> service(new FabricService(std::move(completer), std::move(pool)));
+    service->inner_.open(configuration, ec);
+    if (ec) return nullptr;
+    service->deadline_ = configuration.progress_deadline;
+    service->run();
+    return service;
+  }
+
+  /// Transfers never posted fail with errc::shutdown; posted ones finish (bounded by the progress
+  /// deadline); every completion reaches the completer before this returns.
+  ~FabricService() {
+    {
+      std::lock_guard lock(submit_mutex_);
+      running_ = false;
+      inner_.close();
+    }
+    std::unique_lock lock(delivered_mutex_);
+    delivered_cv_.wait_for(lock, 2 * deadline_ + std::chrono::seconds(10),
+                           [&] { return delivered_ == accepted_ && pool_jobs_ == 0; });
+    lock.unlock();
+    work_.reset();
+    thread_.join();
+  }
+
+  FabricService(const FabricService&) = delete;
+  FabricService& operator=(const FabricService&) = delete;
+
+  /// Queues one transfer without blocking. Returns the request back if the service is gone.
+  std::optional<TransferRequest<Context>> submit(TransferRequest<Context> request) {
+    std::lock_guard lock(submit_mutex_);
+    if (!running_) return request;
+    ++accepted_;
+    TransferRequest<detail::Tracked<Context>> inner;
+    inner.client_id = request.client_id;
+    inner.peer_address = std::move(request.peer_address);
+    inner.remote_key = request.remote_key;
+    inner.remote_address = request.remote_address;
+    inner.direction = request.direction;
+    inner.length = request.length;
+    inner.want_checksum = false;  // hashed on the pool instead, off the reaper
+    inner.caller_context.context = std::move(request.caller_context);
+    inner.parent_id = request.parent_id;
+    inner_.submit(std::move(inner), Handler{this, request.want_checksum});
+    return std::nullopt;
+  }
+
+  /// Inserts a peer's address ahead of its first transfer (blocks for the round trip to the
+  /// fabric thread). Throws std::system_error on an unusable address.
+  void add_peer(std::uint64_t client_id, std::span<const std::uint8_t> address) {
+    inner_.add_peer(client_id, std::vector<std::uint8_t>(address.begin(), address.end()), asio::use_future).get();
+  }
+  void add_peer(std::uint64_t client_id, std::span<const std::uint8_t> address, std::error_code& ec) {
+    try {
+      add_peer(client_id, address);
+      ec.clear();
+    } catch (const std::system_error& error) {
+      ec = error.code();
+    }
+  }
+  /// Releases client_id's peer once every transfer it submitted before this call has finished.
+  void remove_peer(std::uint64_t client_id) { inner_.remove_peer(client_id); }
+
+  /// Transfers submitted and not yet handed to the completer.
+  std::size_t outstanding() const noexcept {
+    return accepted_.load(std::memory_order_relaxed) - delivered_.load(std::memory_order_relaxed);
+  }
+  std::span<const std::uint8_t> local_address() const noexcept { return inner_.local_address(); }
+  EndpointInfo describe() const { return inner_.describe(); }
+  Metrics metrics() const noexcept { return inner_.metrics(); }
+
+ private:
+  struct Pending {
+    Completion<Context> completion;
+    std::span<const std::byte> operand;
+  };
+
+  struct Handler {
+    FabricService* self;
+    bool want_checksum;
+    void operator()(Completion<detail::Tracked<Context>> completion) const {
+      self->collect(std::move(completion), want_checksum);
+    }
+  };
+
+  FabricService(BatchCompleter<Context> completer, std::shared_ptr<Pool> pool)
+      : completer_(std::move(completer)),
+        pool_(std::move(pool)),
+        work_(asio::make_work_guard(io_)),
+        inner_(io_.get_executor()) {}
+
+  void run() {
+    const unsigned number = detail::fabric_thread_counter.fetch_add(1);
+    thread_ = std::thread([this, number] {
+      char name[16];
+      std::snprintf(name, sizeof name, "fabric-%02u", number % 100);
+      pthread_setname_np(pthread_self(), name);
+      io_.run();
+    });
+  }
+
+  // On the fabric thread, once per completion; the flush posted behind the first one of a drain
+  // runs after the reaper returns, so one drain becomes one batch.
+  void collect(Completion<detail::Tracked<Context>>&& done, bool want_checksum) {
+    Pending pending{{std::move(done.caller_context.context), std::move(done.outcome)}, done.caller_context.operand};
+    if (want_checksum && pending.completion.outcome.ok()) {
+      checksummed_.push_back(std::move(pending));
+    } else {
+      batch_.push_back(std::move(pending.completion));
+    }
+    if (flush_scheduled_) return;
+    flush_scheduled_ = true;
+    asio::post(io_, [this] { flush(); });
+  }
+
+  void flush() {
+    flush_scheduled_ = false;
+    if (!batch_.empty()) {
+      completer_(std::span(batch_));
+      const auto n = batch_.size();
+      batch_.clear();
+      delivered(n);
+    }
+    if (!checksummed_.empty()) hash_on_pool(std::exchange(checksummed_, {}));
+  }
+
+  void hash_on_pool(std::vector<Pending> jobs) {
+    {
+      std::lock_guard lock(delivered_mutex_);
+      ++pool_jobs_;
+    }
+    auto finish = [this](std::vector<Pending>& items) {
+      std::vector<Completion<Context>> batch;
+      batch.reserve(items.size());
+      for (auto& item : items) {
+        const auto bytes = item.completion.outcome->bytes;
+        item.completion.outcome = Outcome(TransferDone{bytes, checksum(item.operand)});
+        batch.push_back(std::move(item.completion));
+      }
+      completer_(std::span(batch));
+      delivered(batch.size(), true);
+    };
+    if (!pool_) {
+      finish(jobs);
+      return;
+    }
+    pool_->submit([finish, jobs = std::move(jobs)]() mutable { finish(jobs); });
+  }
+
+  void delivered(std::size_t n, bool pool_job = false) {
+    std::lock_guard lock(delivered_mutex_);
+    delivered_ += n;
+    if (pool_job) --pool_jobs_;
+    delivered_cv_.notify_all();
+  }
+
+  BatchCompleter<Context> completer_;
+  std::shared_ptr<Pool> pool_;
+  asio::io_context io_{1};
+  asio::executor_work_guard<asio::io_context::executor_type> work_;
+  Inner inner_;
+  std::thread thread_;
+  std::chrono::nanoseconds deadline_{std::chrono::seconds(1)};
+
+  std::mutex submit_mutex_;
+  bool running_ = true;
+  std::atomic<std::size_t> accepted_{0};
+
+  std::mutex delivered_mutex_;
+  std::condition_variable delivered_cv_;
+  std::atomic<std::size_t> delivered_{0};
+  std::size_t pool_jobs_ = 0;
+
+  bool flush_scheduled_ = false;
+  std::vector<Completion<Context>> batch_;
+  std::vector<Pending> checksummed_;
+};
+
+}  // namespace dma

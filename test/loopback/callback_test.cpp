@@ -1,0 +1,129 @@
+// The callback FabricService: batches per drain, checksums on the Pool, delivery before destruction.
+#include <pthread.h>
+
+#include <mutex>
+#include <set>
+
+#include "fixture.hpp"
+
+namespace {
+
+struct Sink {
+  std::mutex mutex;
+  std::vector<int> seen;
+  std::vector<std::size_t> batch_sizes;
+  std::set<std::string> threads;
+  std::size_t failures = 0;
+  std::vector<std::optional<std::uint32_t>> checksums;
+
+  dma::BatchCompleter<test::Payload> completer() {
+    return [this](std::span<dma::Completion<test::Payload>> batch) {
+      char name[16] = {};
+      pthread_getname_np(pthread_self(), name, sizeof name);
+      std::lock_guard lock(mutex);
+      batch_sizes.push_back(batch.size());
+      threads.insert(name);
+      for (auto& c : batch) {
+        seen.push_back(static_cast<int>(c.caller_context.bytes.size() > 4
+                                            ? std::to_integer<int>(c.caller_context.bytes[0]) +
+                                                  256 * std::to_integer<int>(c.caller_context.bytes[1])
+                                            : -1));
+        if (!c.outcome) ++failures;
+        checksums.push_back(c.outcome.ok() ? c.outcome->checksum : std::nullopt);
+      }
+    };
+  }
+  std::size_t count() {
+    std::lock_guard lock(mutex);
+    return seen.size();
+  }
+};
+
+std::vector<std::byte> tagged(int index, std::size_t size) {
+  auto bytes = test::pattern(size, static_cast<unsigned>(index));
+  bytes[0] = static_cast<std::byte>(index & 0xff);
+  bytes[1] = static_cast<std::byte>(index >> 8);
+  return bytes;
+}
+
+}  // namespace
+
+TEST_CASE("the callback service delivers every completion exactly once, in batches", "[loopback][callback]") {
+  constexpr int total = 1000;
+  test::RemoteBuffer remote(64 * 256);
+  Sink sink;
+  auto pool = std::make_shared<dma::Pool>(2);
+  auto service = dma::FabricService<test::Payload>::start(test::loopback_configuration(), sink.completer(), pool);
+  for (int i = 0; i < total; ++i) {
+    auto request = remote.request(dma::Direction::ToPeer, test::Payload{tagged(i, 256)}, 0, (i % 64) * 256);
+    REQUIRE_FALSE(service->submit(std::move(request)));
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (sink.count() < total && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  CHECK(service->outstanding() == 0);
+  service.reset();
+
+  REQUIRE(sink.seen.size() == total);
+  CHECK(std::set<int>(sink.seen.begin(), sink.seen.end()).size() == total);
+  CHECK(sink.failures == 0);
+  CHECK(sink.batch_sizes.size() < total);  // drains were batched
+  REQUIRE(sink.threads.size() == 1);
+  CHECK(sink.threads.begin()->rfind("fabric-", 0) == 0);
+}
+
+TEST_CASE("checksummed completions are finished on the pool with the CRC of the operand", "[loopback][callback]") {
+  test::RemoteBuffer remote(4096);
+  Sink sink;
+  auto pool = std::make_shared<dma::Pool>(2);
+  auto service = dma::FabricService<test::Payload>::start(test::loopback_configuration(), sink.completer(), pool);
+  auto bytes = tagged(7, 4096);
+  const auto expected = dma::checksum(bytes);
+  auto request = remote.request(dma::Direction::ToPeer, test::Payload{bytes});
+  request.want_checksum = true;
+  REQUIRE_FALSE(service->submit(std::move(request)));
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (sink.count() < 1 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  service.reset();
+
+  REQUIRE(sink.checksums.size() == 1);
+  CHECK(sink.checksums[0] == expected);
+  REQUIRE(sink.threads.size() == 1);
+  CHECK(sink.threads.begin()->rfind("f-pool-", 0) == 0);
+}
+
+TEST_CASE("destroying the callback service delivers everything before it returns", "[loopback][callback]") {
+  test::RemoteBuffer remote(64 * 64);
+  Sink sink;
+  auto pool = std::make_shared<dma::Pool>(1);
+  {
+    auto service = dma::FabricService<test::Payload>::start(test::loopback_configuration(), sink.completer(), pool);
+    for (int i = 0; i < 300; ++i) {
+      auto request = remote.request(dma::Direction::ToPeer, test::Payload{tagged(i, 64)}, 0, (i % 64) * 64);
+      request.want_checksum = i % 2 == 0;
+      REQUIRE_FALSE(service->submit(std::move(request)));
+    }
+  }
+  CHECK(sink.count() == 300);
+  CHECK(std::set<int>(sink.seen.begin(), sink.seen.end()).size() == 300);
+}
+
+TEST_CASE("a callback service on a dead peer fails its transfer at the deadline", "[loopback][callback]") {
+  Sink sink;
+  auto configuration = test::loopback_configuration();
+  configuration.progress_deadline = std::chrono::milliseconds(50);
+  auto service = dma::FabricService<test::Payload>::start(configuration, sink.completer(), nullptr);
+  dma::TransferRequest<test::Payload> request;
+  request.peer_address = {2, 0, 0, 1, 127, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0};
+  request.caller_context.bytes.assign(64, std::byte{0xab});
+  REQUIRE_FALSE(service->submit(std::move(request)));
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (sink.count() < 1 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  CHECK(sink.count() == 1);
+  CHECK(sink.failures == 1);
+}

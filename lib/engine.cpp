@@ -456,7 +456,8 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
   // every one of them back (FI_ECANCELED), and only then is their memory released.
   void flush_and_close() {
     endpoint_.close_endpoint();
-    for (int round = 0; round < 1000 && in_flight_ > 0; ++round) reap();
+    for (int round = 0; round < 1000 && in_flight_ > 0; ++round)
+      reap();
     close();
   }
 

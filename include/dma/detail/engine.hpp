@@ -22,14 +22,14 @@ namespace dma {
 
 /// Counters a service keeps; read them with FabricService::metrics().
 struct Metrics {
-  std::uint64_t posted = 0;               ///< transfers handed to the provider
-  std::uint64_t completed = 0;            ///< transfers completed successfully
-  std::uint64_t failed = 0;               ///< transfers completed with an error
-  std::uint64_t eagain = 0;               ///< posts the provider refused with -FI_EAGAIN
-  std::uint64_t cq_reads = 0;             ///< fi_cq_read calls that returned entries
-  std::uint64_t fd_wakeups = 0;           ///< wake-ups through the CQ's wait fd
-  std::uint64_t spin_hits = 0;            ///< completions found while spinning before arming
-  std::uint64_t armed_late = 0;           ///< completions found right after arming the fd
+  std::uint64_t posted = 0;         ///< transfers handed to the provider
+  std::uint64_t completed = 0;      ///< transfers completed successfully
+  std::uint64_t failed = 0;         ///< transfers completed with an error
+  std::uint64_t eagain = 0;         ///< posts the provider refused with -FI_EAGAIN
+  std::uint64_t cq_reads = 0;       ///< fi_cq_read calls that returned entries
+  std::uint64_t fd_wakeups = 0;     ///< wake-ups through the CQ's wait fd
+  std::uint64_t spin_hits = 0;      ///< completions found while spinning before arming
+  std::uint64_t armed_late = 0;     ///< completions found right after arming the fd
   std::uint64_t backstop_hits = 0;  ///< completions found by the backstop after the fd stayed silent an interval (~0)
   std::uint64_t context_less_errors = 0;  ///< error entries without an operation (endpoint faults)
   std::uint64_t queue_errors = 0;         ///< fi_cq_read failures that name no operation

@@ -8,7 +8,6 @@
 #include <asio/thread_pool.hpp>
 
 #include <atomic>
-#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
@@ -50,8 +49,8 @@ class Pool {
   /// in failed_jobs(); the worker goes on with the next job. After join() (or while it is under
   /// way) the job is not run: it is destroyed by the caller and counted in dropped_jobs().
   template <typename Job>
-  requires std::invocable < std::decay_t<Job>
-  & > void submit(Job&& job) {
+  void submit(Job&& job) {
+    static_assert(std::is_invocable_v<std::decay_t<Job>&>, "a job is called with no arguments");
     // Under the lock so that join() cannot close the pool between the check and the post.
     const std::lock_guard lock(submit_mutex_);
     if (closed_) {

@@ -119,11 +119,11 @@ std::vector<std::string> names_of_workers(dma::Pool& pool) {
 }  // namespace
 
 TEST_CASE("pool workers are named f-pool-00, f-pool-01, ... with two zero-padded digits", "[pool]") {
-  dma::Pool pool(4);
-  REQUIRE(pool.size() == 4);
+  dma::Pool pool(12);
+  REQUIRE(pool.size() == 12);
 
   std::vector<std::string> expected;
-  for (std::size_t index = 0; index < 4; ++index)
+  for (std::size_t index = 0; index < 12; ++index)
     expected.push_back(worker_name(index));
   CHECK(names_of_workers(pool) == expected);
 }

@@ -145,7 +145,7 @@ void Endpoint::open_objects(const Configuration& configuration, std::error_code&
   info_.addr_format = info.addr_format;
   info_.mr_mode = static_cast<std::uint64_t>(info.domain_attr->mr_mode);
   info_.caps = info.caps;
-  info_.requires_local_mr = (info.domain_attr->mr_mode & FI_MR_LOCAL) != 0;
+  info_.requires_local_mr = (info.domain_attr->mr_mode & FI_MR_LOCAL) != 0 || configuration.force_local_registration;
   info_.uses_virtual_addressing = (info.domain_attr->mr_mode & FI_MR_VIRT_ADDR) != 0;
   info_.tx_size = info.tx_attr->size;
 

@@ -3,6 +3,7 @@
 #include "dma/advertisement.hpp"
 #include "dma/error.hpp"
 #include "peer_table.hpp"
+#include "region_cache.hpp"
 
 #include <asio/bind_executor.hpp>
 #include <asio/dispatch.hpp>
@@ -45,13 +46,80 @@ std::string duration_text(std::chrono::nanoseconds d) {
   return std::to_string(d.count()) + "ns";
 }
 
+// Closes MRs on the engine's strand (the domain is FI_THREAD_DOMAIN). A lease can drop on any
+// thread (a MemoryRegion released by its owner, invalidate() from an allocator hook): those MRs
+// wait in a queue that the strand drains. After the endpoint closed, nothing is closed any more.
+class StrandCloser final : public MrCloser, public std::enable_shared_from_this<StrandCloser> {
+ public:
+  explicit StrandCloser(Engine::strand_type strand) : strand_(std::move(strand)) {}
+
+  void close(Fid<fid_mr>&& mr, std::shared_ptr<void> keep_alive) noexcept override {
+    if (strand_.running_in_this_thread()) {
+      if (!dead_) mr.reset();
+      (void)mr.release();
+      return;
+    }
+    bool schedule = false;
+    {
+      std::lock_guard lock(mutex_);
+      if (dead_) {
+        (void)mr.release();  // the domain is gone and took its MRs with it
+        return;
+      }
+      queue_.push_back({std::move(mr), std::move(keep_alive)});
+      schedule = !scheduled_;
+      scheduled_ = true;
+    }
+    if (schedule) {
+      try {
+        asio::post(strand_, [self = shared_from_this()] { self->drain(); });
+      } catch (...) {
+        // Out of memory while posting: the next drain on the strand (at the latest at shutdown) closes it.
+      }
+    }
+  }
+
+  // On the strand.
+  void drain() noexcept {
+    std::vector<Pending> closing;
+    {
+      std::lock_guard lock(mutex_);
+      closing.swap(queue_);
+      scheduled_ = false;
+    }
+    for (auto& pending : closing)
+      pending.mr.reset();  // then keep_alive goes with the vector
+  }
+
+  // On the strand, before the domain closes: close what is queued, refuse the rest.
+  void retire() noexcept {
+    drain();
+    std::lock_guard lock(mutex_);
+    dead_ = true;
+  }
+
+ private:
+  struct Pending {
+    Fid<fid_mr> mr;
+    std::shared_ptr<void> keep_alive;
+  };
+  Engine::strand_type strand_;
+  std::mutex mutex_;
+  std::vector<Pending> queue_;
+  bool scheduled_ = false;
+  bool dead_ = false;
+};
+
+std::atomic<std::uint64_t> local_key_counter{1};
+
 class EngineImpl final : public Engine, public std::enable_shared_from_this<EngineImpl> {
  public:
   EngineImpl(const asio::any_io_executor& executor, const Configuration& configuration)
       : configuration_(configuration),
         strand_(asio::make_strand(executor)),
         backstop_(strand_),
-        shutdown_timer_(strand_) {
+        shutdown_timer_(strand_),
+        closer_(std::make_shared<StrandCloser>(strand_)) {
     entries_.resize(std::max<std::size_t>(1, configuration_.cq_batch));
   }
 
@@ -64,6 +132,10 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
       return;
     }
     credits_ = endpoint_.credits();
+    domain_key_ = endpoint_.domain();
+    provider_keys_ = (endpoint_.describe().mr_mode & FI_MR_PROV_KEY) != 0;
+    RegionCache::instance().set_limits(
+        domain_key_, {configuration_.registration_cache_entries, configuration_.registration_cache_bytes});
     peers_.emplace(
         endpoint_.addr_format(),
         [this](std::span<const std::uint8_t> address, fi_addr_t& handle) {
@@ -124,6 +196,15 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
     m.backstop_hits = backstop_hits_.get();
     m.context_less_errors = context_less_errors_.get();
     m.queue_errors = queue_errors_.get();
+    m.registrations = registrations_.get();
+    if (domain_key_ != nullptr) {
+      const auto cache = RegionCache::instance().stats(domain_key_);
+      m.cache_hits = cache.hits;
+      m.cache_misses = cache.misses;
+      m.cache_evictions = cache.evictions;
+      m.cache_entries = cache.entries;
+      m.cache_bytes = cache.bytes;
+    }
     return m;
   }
 
@@ -219,8 +300,61 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
   // local descriptor where the provider needs one.
   fi_addr_t prepare(Operation& op, std::error_code& ec) {
     const fi_addr_t peer = peers_->insert(op.client_id, op.peer_address, ec);
-    if (!ec && endpoint_.requires_local_mr() && !op.local_mr) register_operand(op, ec);
+    if (!ec && endpoint_.requires_local_mr() && !op.lease) lease_operand(op, ec);
     return peer;
+  }
+
+  // The registration-cache path of the Rust crate: a hit costs one lookup; on a miss, the
+  // caller's CacheableSpan (when it contains the operand) is registered and cached, falling back to
+  // the operand alone; without a span, the registration lives only as long as this transfer.
+  void lease_operand(Operation& op, std::error_code& ec) {
+    const auto start = reinterpret_cast<std::uintptr_t>(op.buffer);
+    if (op.length > UINTPTR_MAX - start) {
+      ec = errc::operand_range_overflows;
+      return;
+    }
+    const std::uintptr_t end = start + op.length;
+    auto& cache = RegionCache::instance();
+    std::shared_ptr<Registration> lease = cache.covering(domain_key_, start, end);
+    if (!lease) {
+      const auto span = op.functions->cacheable_span(op);
+      const bool cacheable = span && span->contains(start, end);
+      std::uintptr_t base = cacheable ? span->base : start;
+      std::uintptr_t stop = cacheable ? span->end : end;
+      lease = register_range(base, stop, {}, ec);
+      if (!lease && cacheable) {
+        ec.clear();
+        base = start;
+        stop = end;
+        lease = register_range(base, stop, {}, ec);
+      }
+      if (!lease) return;
+      if (cacheable) cache.track(domain_key_, base, stop, lease, false);
+    }
+    op.descriptor = lease->descriptor();
+    op.lease = std::move(lease);
+  }
+
+  // A local-only registration (FI_READ | FI_WRITE: never remote access) with a key no other MR of
+  // this domain uses, since tcp rejects a duplicate requested key.
+  std::shared_ptr<Registration> register_range(std::uintptr_t base, std::uintptr_t end,
+                                               std::shared_ptr<void> keep_alive, std::error_code& ec) {
+    const std::uint64_t key = provider_keys_ ? 0 : local_key_counter.fetch_add(1, std::memory_order_relaxed);
+    auto mr = endpoint_.register_memory(reinterpret_cast<const void*>(base), end - base, FI_READ | FI_WRITE, key, ec);
+    if (ec) return nullptr;
+    registrations_.add();
+    return std::make_shared<Registration>(std::move(mr), closer_, std::move(keep_alive));
+  }
+
+  std::error_code pin(std::uintptr_t base, std::size_t length, std::shared_ptr<void> keep_alive) override {
+    if (closed_ || !peers_) return errc::not_open;
+    if (length == 0) return errc::zero_length_region;
+    if (length > UINTPTR_MAX - base) return errc::region_range_overflows;
+    if (!endpoint_.requires_local_mr()) return {};
+    std::error_code ec;
+    auto registration = register_range(base, base + length, std::move(keep_alive), ec);
+    if (registration) RegionCache::instance().track(domain_key_, base, base + length, std::move(registration), true);
+    return ec;
   }
 
   ssize_t post(Operation& op, fi_addr_t peer, bool more) {
@@ -239,12 +373,6 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
       return fi_writemsg(endpoint_.endpoint(), &msg, flags | FI_DELIVERY_COMPLETE);
     }
     return fi_readmsg(endpoint_.endpoint(), &msg, flags);
-  }
-
-  void register_operand(Operation& op, std::error_code& ec) {
-    const std::uint64_t access = op.direction == Direction::ToPeer ? FI_WRITE : FI_READ;
-    op.local_mr = endpoint_.register_memory(op.buffer, op.length, access, 0, ec);
-    if (!ec) op.descriptor = fi_mr_desc(op.local_mr.get());
   }
 
   // ---- completions -----------------------------------------------------------------------
@@ -298,7 +426,7 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
 
   // Every accepted operation ends here exactly once.
   void finish(Operation* op, std::error_code ec, int provider_errno = 0, std::string detail = {}) {
-    op->local_mr.reset();
+    op->lease.reset();
     settle(op->client_id);
     outstanding_.fetch_sub(1, std::memory_order_relaxed);
     if (ec) {
@@ -473,7 +601,14 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
     }
     if (peers_) peers_->clear();
     peers_.reset();
+    release_registrations();
     endpoint_.close();
+  }
+
+  // Every MR of this domain closes before the domain does.
+  void release_registrations() noexcept {
+    if (domain_key_ != nullptr) RegionCache::instance().clear_domain(domain_key_);
+    closer_->retire();
   }
 
   // The execution context is going away with work still posted: flush and free without invoking.
@@ -506,13 +641,14 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
       }
     }
     if (peers_) peers_->clear();
+    release_registrations();
     endpoint_.close();
   }
 
   void destroy_in_flight(void* context) noexcept {
     --in_flight_;
     Operation* op = Operation::from_context(context);
-    op->local_mr.reset();
+    op->lease.reset();
     op->functions->destroy(op);
   }
 
@@ -520,6 +656,9 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
   strand_type strand_;
   Endpoint endpoint_;
   std::optional<PeerTable> peers_;
+  std::shared_ptr<StrandCloser> closer_;
+  const void* domain_key_ = nullptr;
+  bool provider_keys_ = false;
   std::optional<asio::posix::stream_descriptor> descriptor_;
   asio::steady_timer backstop_;
   asio::steady_timer shutdown_timer_;
@@ -544,7 +683,7 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
   bool closed_ = false;
 
   Counter posted_, completed_, failed_, eagain_, cq_reads_, fd_wakeups_, spin_hits_, armed_late_, backstop_hits_,
-      context_less_errors_, queue_errors_;
+      context_less_errors_, queue_errors_, registrations_;
 };
 
 std::error_code EngineImpl::validate(std::span<const std::uint8_t> address) const {

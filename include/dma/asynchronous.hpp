@@ -8,6 +8,7 @@
 #include <dma/detail/engine.hpp>
 #include <dma/endpoint.hpp>
 #include <dma/error.hpp>
+#include <dma/memory_region.hpp>
 #include <dma/transfer.hpp>
 
 #include <asio/any_io_executor.hpp>
@@ -251,6 +252,44 @@ class FabricService {
   /// Releases client_id's peer once every transfer it submitted before this call has finished.
   void remove_peer(std::uint64_t client_id) {
     if (engine_) engine_->remove_peer(client_id);
+  }
+
+  /// Takes ownership of storage (a contiguous range such as std::vector<std::byte>) and registers
+  /// its bytes for local access where the provider needs it, so operands inside it skip
+  /// per-transfer registration. Registering on one service gives no registration in another
+  /// service's domain. Errors: errc::zero_length_region, errc::region_range_overflows, fi_mr_reg's.
+  ///
+  /// @par Completion Signature
+  /// @code void(std::error_code, dma::MemoryRegion<S>) @endcode
+  template <typename S, typename CompletionToken = asio::use_awaitable_t<>>
+  auto register_region(S storage, CompletionToken&& token = CompletionToken()) {
+    return asio::async_initiate<CompletionToken, void(std::error_code, MemoryRegion<S>)>(
+        [this](auto handler, std::shared_ptr<S> boxed) {
+          auto work = asio::prefer(asio::get_associated_executor(handler, executor_),
+                                   asio::execution::outstanding_work.tracked);
+          const auto bytes = detail::storage_bytes(*boxed);
+          const auto base = reinterpret_cast<std::uintptr_t>(bytes.data());
+          std::error_code ec;
+          if (!engine_)
+            ec = errc::not_open;
+          else if (bytes.empty())
+            ec = errc::zero_length_region;
+          else if (bytes.size() > UINTPTR_MAX - base)
+            ec = errc::region_range_overflows;
+          if (ec) {
+            return asio::post(
+                work, [handler = std::move(handler), ec]() mutable { std::move(handler)(ec, MemoryRegion<S>()); });
+          }
+          asio::post(engine_->strand(), [engine = engine_, boxed = std::move(boxed), base, length = bytes.size(), work,
+                                         handler = std::move(handler)]() mutable {
+            const std::error_code pinned = engine->pin(base, length, boxed);
+            auto region = pinned ? MemoryRegion<S>() : MemoryRegion<S>::adopt(std::move(boxed), base, base + length);
+            asio::dispatch(work, [handler = std::move(handler), pinned, region = std::move(region)]() mutable {
+              std::move(handler)(pinned, std::move(region));
+            });
+          });
+        },
+        token, std::make_shared<S>(std::move(storage)));
   }
 
   /// Transfers accepted and not yet completed (queued or posted): a load-balancing signal.

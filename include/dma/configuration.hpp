@@ -57,6 +57,14 @@ struct Configuration {
   std::chrono::nanoseconds backstop_interval = std::chrono::milliseconds(10);
   /// Completion queue entries read per fi_cq_read call.
   std::size_t cq_batch = 16;
+
+  /// Register every local operand (FI_MR_LOCAL) even where the provider does not need it, e.g. on
+  /// tcp: runs the registration and cache path that efa-direct uses, on a laptop.
+  bool force_local_registration = false;
+  /// Bounds on the registration cache's CacheableSpan entries per domain (least recently used
+  /// first out; MemoryRegion pins are never evicted). 0 means unbounded.
+  std::size_t registration_cache_entries = 1024;
+  std::size_t registration_cache_bytes = std::size_t{16} << 30;
 };
 
 /// The in-flight cap the seed computes: max(1, max_in_flight or 64), clamped to a non-zero tx size.

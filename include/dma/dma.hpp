@@ -10,6 +10,7 @@
 #include <dma/endpoint.hpp>
 #include <dma/error.hpp>
 #include <dma/fabric_service.hpp>
+#include <dma/memory_region.hpp>
 #include <dma/pool.hpp>
 #include <dma/target.hpp>
 #include <dma/transfer.hpp>

@@ -142,6 +142,25 @@ class FabricService {
   /// Releases client_id's peer once every transfer it submitted before this call has finished.
   void remove_peer(std::uint64_t client_id) { inner_.remove_peer(client_id); }
 
+  /// Takes ownership of storage and registers it (blocking for the round trip to the fabric
+  /// thread); operands inside the returned region skip per-transfer registration. Throws
+  /// std::system_error: errc::zero_length_region, errc::region_range_overflows, fi_mr_reg's errors.
+  template <typename S>
+  MemoryRegion<S> register_region(S storage) {
+    auto future = inner_.register_region(std::move(storage), asio::use_future);
+    return future.get();
+  }
+  template <typename S>
+  MemoryRegion<S> register_region(S storage, std::error_code& ec) {
+    try {
+      ec.clear();
+      return register_region(std::move(storage));
+    } catch (const std::system_error& error) {
+      ec = error.code();
+      return {};
+    }
+  }
+
   /// Transfers submitted and not yet handed to the completer.
   std::size_t outstanding() const noexcept {
     return accepted_.load(std::memory_order_relaxed) - delivered_.load(std::memory_order_relaxed);

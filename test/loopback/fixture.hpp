@@ -41,12 +41,21 @@ class RemoteBuffer {
   explicit RemoteBuffer(std::size_t size, std::byte fill = std::byte{0})
       : target_(io_, loopback_configuration()), work_(asio::make_work_guard(io_)), memory_(size, fill) {
     region_ = target_.expose(memory_);
-    thread_ = std::thread([this] { io_.run(); });
+    resume();
   }
   ~RemoteBuffer() {
     work_.reset();
+    pause();
+  }
+  /// Stops driving the target's progress: transfers to it stay in flight until resume().
+  void pause() {
     io_.stop();
-    thread_.join();
+    if (thread_.joinable()) thread_.join();
+  }
+  void resume() {
+    if (thread_.joinable()) return;
+    io_.restart();
+    thread_ = std::thread([this] { io_.run(); });
   }
   const dma::Advertisement& advertisement() const { return region_.advertisement(); }
   std::vector<std::byte>& memory() { return memory_; }

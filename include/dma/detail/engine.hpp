@@ -33,6 +33,12 @@ struct Metrics {
   std::uint64_t backstop_hits = 0;  ///< completions found by the backstop after the fd stayed silent an interval (~0)
   std::uint64_t context_less_errors = 0;  ///< error entries without an operation (endpoint faults)
   std::uint64_t queue_errors = 0;         ///< fi_cq_read failures that name no operation
+  std::uint64_t registrations = 0;        ///< fi_mr_reg calls for local operands and pinned regions
+  std::uint64_t cache_hits = 0;           ///< operands served by a cached registration
+  std::uint64_t cache_misses = 0;         ///< operands that found none
+  std::uint64_t cache_evictions = 0;      ///< CacheableSpan entries pushed out by the cache limits
+  std::size_t cache_entries = 0;          ///< cached registrations in this domain now
+  std::size_t cache_bytes = 0;            ///< bytes under evictable cached registrations now
 };
 
 namespace detail {
@@ -54,6 +60,10 @@ class Engine {
   virtual std::uint64_t next_sequence() noexcept = 0;
   /// Inserts a peer's address for client_id; call on strand() only.
   virtual std::error_code insert_peer(std::uint64_t client_id, std::span<const std::uint8_t> address) = 0;
+  /// Registers [base, base + length) for local access and tracks it in the registration cache as
+  /// a pin, keeping keep_alive until the MR is closed; nothing to do where the provider needs no
+  /// local registration. Call on strand() only.
+  virtual std::error_code pin(std::uintptr_t base, std::size_t length, std::shared_ptr<void> keep_alive) = 0;
   /// Releases client_id's peer once its accepted transfers have finished (any thread).
   virtual void remove_peer(std::uint64_t client_id) = 0;
   /// Fails what was never posted, waits (bounded by progress_deadline) for what was, then closes.

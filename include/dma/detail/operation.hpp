@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <system_error>
 #include <type_traits>
 #include <vector>
@@ -49,7 +50,7 @@ struct Operation {
   // Filled in on the strand.
   std::byte* buffer = nullptr;
   void* descriptor = nullptr;
-  Fid<fid_mr> local_mr;  ///< per-transfer registration when the provider needs FI_MR_LOCAL
+  std::shared_ptr<void> lease;  ///< the local registration in use, when the provider needs FI_MR_LOCAL
   std::chrono::steady_clock::time_point stalled_since{};
   std::uint64_t sequence = 0;  ///< tells a recycled address from the operation a canceller saw
 

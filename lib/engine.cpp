@@ -234,6 +234,7 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
 
   void accept(Operation* op) {
     if (stopping_) return fail(op, errc::shutdown);
+    if (op->peer_address.oversized()) return fail(op, errc::address_length);
     if (std::error_code ec = validate(op->peer_address)) return fail(op, ec);
     if (std::error_code ec = op->functions->resolve(*op)) return fail(op, ec);
     ++by_client_[op->client_id];

@@ -145,7 +145,7 @@ std::shared_ptr<Registration> RegionCache::covering(const void* domain, std::uin
 void RegionCache::track(const void* domain, std::uintptr_t base, std::uintptr_t end,
                         std::shared_ptr<Registration> registration, bool pinned) {
   if (end <= base || !registration) return;
-  // Built before the lock, so tracking allocates nothing under it either.
+  // The entry is built before the lock: only a domain's first entry allocates under it.
   Entries fresh;
   auto node = fresh.extract(fresh.emplace(base, Entry{end, std::move(registration), pinned, {}}).first);
   Lru fresh_lru;

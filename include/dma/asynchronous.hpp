@@ -60,7 +60,7 @@ struct TransferOp final : Operation {
       throw;
     }
     op->client_id = request.client_id;
-    op->peer_address = std::move(request.peer_address);
+    op->peer_address = request.peer_address;
     op->remote_key = request.remote_key;
     op->remote_address = request.remote_address;
     op->direction = request.direction;

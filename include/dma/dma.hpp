@@ -11,6 +11,7 @@
 #include <dma/error.hpp>
 #include <dma/fabric_service.hpp>
 #include <dma/memory_region.hpp>
+#include <dma/peer_address.hpp>
 #include <dma/pool.hpp>
 #include <dma/target.hpp>
 #include <dma/transfer.hpp>

@@ -114,7 +114,7 @@ class FabricService {
     ++accepted_;
     TransferRequest<detail::Tracked<Context>> inner;
     inner.client_id = request.client_id;
-    inner.peer_address = std::move(request.peer_address);
+    inner.peer_address = request.peer_address;
     inner.remote_key = request.remote_key;
     inner.remote_address = request.remote_address;
     inner.direction = request.direction;

@@ -1,6 +1,8 @@
 // What a caller submits and what comes back: requests, operands, outcomes, completions.
 #pragma once
 
+#include <dma/peer_address.hpp>
+
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -86,7 +88,7 @@ struct CacheableSpan {
 template <typename Context>
 struct TransferRequest {
   std::uint64_t client_id = 0;             ///< stable per client; never reused
-  std::vector<std::uint8_t> peer_address;  ///< the advertised raw fabric address
+  PeerAddress peer_address;               ///< the advertised raw fabric address
   std::uint64_t remote_key = 0;
   std::uint64_t remote_address = 0;  ///< VA on FI_MR_VIRT_ADDR providers, offset on tcp
   Direction direction = Direction::ToPeer;

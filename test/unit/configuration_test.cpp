@@ -1,5 +1,6 @@
 #include <dma/checksum.hpp>
 #include <dma/configuration.hpp>
+#include <dma/peer_address.hpp>
 #include <dma/transfer.hpp>
 
 #include <cstring>
@@ -84,4 +85,17 @@ TEST_CASE("operand members returning optionals map none to unsupported", "[opera
     std::optional<std::span<const std::byte>> source() const { return std::nullopt; }
   };
   CHECK_FALSE(dma::Operands<Maybe>::source(Maybe{}));
+}
+
+TEST_CASE("a peer address is held inline and an oversized one is flagged, not truncated", "[operands]") {
+  const std::vector<std::uint8_t> bytes = {2, 0, 0x30, 0x39, 127, 0, 0, 1};
+  dma::PeerAddress address = bytes;
+  CHECK(address.size() == bytes.size());
+  CHECK(std::equal(address.begin(), address.end(), bytes.begin()));
+  CHECK_FALSE(address.oversized());
+  const std::vector<std::uint8_t> huge(dma::PeerAddress::capacity + 1, 7);
+  dma::PeerAddress too_long = huge;
+  CHECK(too_long.oversized());
+  CHECK(too_long.empty());
+  CHECK_FALSE(too_long == dma::PeerAddress{});
 }

@@ -101,23 +101,25 @@ struct Fabric {
   const void* domain() const { return endpoint.domain(); }
   std::uintptr_t at(std::size_t offset) const { return reinterpret_cast<std::uintptr_t>(memory.data()) + offset; }
 
-  /// A registration over [base, end) whose keep_alive is a fresh tag, returned in `tag`.
-  std::shared_ptr<Registration> register_range(std::uintptr_t base, std::uintptr_t end, int& tag) {
+  /// A registration over [base, base + length) whose keep_alive is a fresh tag, returned in `tag`.
+  std::shared_ptr<Registration> register_range(const std::byte* base, std::size_t length, int& tag) {
     std::error_code ec;
-    auto mr =
-        endpoint.register_memory(reinterpret_cast<const void*>(base), end - base, FI_READ | FI_WRITE, next_key(), ec);
+    auto mr = endpoint.register_memory(base, length, FI_READ | FI_WRITE, next_key(), ec);
     REQUIRE_FALSE(ec);
     tag = next_tag++;
     return std::make_shared<Registration>(std::move(mr), closer, std::make_shared<int>(tag));
   }
 
-  /// Registers [at(offset), at(offset + length)) and leaves the cache as its only holder.
+  /// Registers [offset, offset + length) of this fabric's memory; the cache is its only holder.
   int track(std::size_t offset, std::size_t length, bool pinned = false) {
-    return track_range(at(offset), at(offset + length), pinned);
+    return track_range(memory.data() + offset, length, pinned);
   }
-  int track_range(std::uintptr_t base, std::uintptr_t end, bool pinned = false) {
+  /// The same for any memory, e.g. another fabric's.
+  int track_range(const std::byte* base, std::size_t length, bool pinned = false) {
     int tag = 0;
-    cache().track(domain(), base, end, register_range(base, end, tag), pinned);
+    auto registration = register_range(base, length, tag);
+    const auto start = reinterpret_cast<std::uintptr_t>(base);
+    cache().track(domain(), start, start + length, std::move(registration), pinned);
     return tag;
   }
 
@@ -251,6 +253,7 @@ TEST_CASE("descriptors stay valid while reclaims run underneath", "[cache]") {
   std::atomic<std::uint64_t> hits{0};
   std::atomic<std::uint64_t> stale{0};
   std::vector<std::thread> readers;
+  readers.reserve(4);
   for (int r = 0; r < 4; ++r) {
     readers.emplace_back([&, r] {
       while (!stop.load(std::memory_order_relaxed)) {
@@ -456,9 +459,9 @@ TEST_CASE("domains are independent: invalidate reaches every one, clear_domain o
   Fabric b;
   REQUIRE(a.domain() != b.domain());
   Fabric::cache().set_limits(a.domain(), CacheLimits{1, 0});
-  const int in_a = a.track_range(a.at(0), a.at(64 * KiB));
-  const int in_b = b.track_range(a.at(0), a.at(64 * KiB));  // the same memory in both domains
-  const int only_b = b.track_range(a.at(128 * KiB), a.at(192 * KiB));
+  const int in_a = a.track(0, 64 * KiB);
+  const int in_b = b.track_range(a.memory.data(), 64 * KiB);  // the same memory in both domains
+  const int only_b = b.track_range(a.memory.data() + 128 * KiB, 64 * KiB);
   const int other_in_b = b.track(0, 64 * KiB);
 
   Fabric::cache().invalidate(a.at(0), a.at(16));

@@ -40,7 +40,7 @@ struct Operation {
 
   // The request.
   std::uint64_t client_id = 0;
-  std::vector<std::uint8_t> peer_address;
+  PeerAddress peer_address;
   std::uint64_t remote_key = 0;
   std::uint64_t remote_address = 0;
   Direction direction = Direction::ToPeer;

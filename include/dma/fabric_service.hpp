@@ -96,9 +96,9 @@ class FabricService {
       running_ = false;
       inner_.close();
     }
-    std::unique_lock lock(delivered_mutex_);
-    delivered_cv_.wait_for(lock, 2 * deadline_ + std::chrono::seconds(10),
-                           [&] { return delivered_ == accepted_ && pool_jobs_ == 0; });
+    std::unique_lock lock(delivery_->mutex);
+    delivery_->cv.wait_for(lock, 2 * deadline_ + std::chrono::seconds(10),
+                           [&] { return delivery_->delivered == accepted_ && delivery_->pool_jobs == 0; });
     lock.unlock();
     work_.reset();
     thread_.join();
@@ -163,11 +163,15 @@ class FabricService {
 
   /// Transfers submitted and not yet handed to the completer.
   std::size_t outstanding() const noexcept {
-    return accepted_.load(std::memory_order_relaxed) - delivered_.load(std::memory_order_relaxed);
+    return accepted_.load(std::memory_order_relaxed) - delivery_->delivered.load(std::memory_order_relaxed);
   }
   std::span<const std::uint8_t> local_address() const noexcept { return inner_.local_address(); }
   EndpointInfo describe() const { return inner_.describe(); }
   Metrics metrics() const noexcept { return inner_.metrics(); }
+  /// Batches whose completer threw (the exception is swallowed: it must not throw).
+  std::uint64_t completer_failures() const noexcept {
+    return delivery_->completer_failures.load(std::memory_order_relaxed);
+  }
 
  private:
   struct Pending {
@@ -184,7 +188,7 @@ class FabricService {
   };
 
   FabricService(BatchCompleter<Context> completer, std::shared_ptr<Pool> pool)
-      : completer_(std::move(completer)),
+      : delivery_(std::make_shared<Delivery>(std::move(completer))),
         pool_(std::move(pool)),
         work_(asio::make_work_guard(io_)),
         inner_(io_.get_executor()) {}
@@ -216,20 +220,20 @@ class FabricService {
   void flush() {
     flush_scheduled_ = false;
     if (!batch_.empty()) {
-      completer_(std::span(batch_));
-      const auto n = batch_.size();
+      delivery_->deliver(std::span(batch_), false);
       batch_.clear();
-      delivered(n);
     }
     if (!checksummed_.empty()) hash_on_pool(std::exchange(checksummed_, {}));
   }
 
+  // The job owns the delivery state, not the service: a job that runs late (a stalled pool) never
+  // touches a destroyed service.
   void hash_on_pool(std::vector<Pending> jobs) {
     {
-      std::lock_guard lock(delivered_mutex_);
-      ++pool_jobs_;
+      std::lock_guard lock(delivery_->mutex);
+      ++delivery_->pool_jobs;
     }
-    auto finish = [this](std::vector<Pending>& items) {
+    auto finish = [delivery = delivery_](std::vector<Pending>& items) {
       std::vector<Completion<Context>> batch;
       batch.reserve(items.size());
       for (auto& item : items) {
@@ -237,24 +241,35 @@ class FabricService {
         item.completion.outcome = Outcome(TransferDone{bytes, checksum(item.operand)});
         batch.push_back(std::move(item.completion));
       }
-      completer_(std::span(batch));
-      delivered(batch.size(), true);
+      delivery->deliver(std::span(batch), true);
     };
-    if (!pool_) {
-      finish(jobs);
-      return;
+    auto shared_jobs = std::make_shared<std::vector<Pending>>(std::move(jobs));
+    if (!pool_ || !pool_->submit([finish, shared_jobs] { finish(*shared_jobs); })) finish(*shared_jobs);
+  }
+
+  // What completions are handed to, and the count the destructor waits on.
+  struct Delivery {
+    explicit Delivery(BatchCompleter<Context> c) : completer(std::move(c)) {}
+    void deliver(std::span<Completion<Context>> batch, bool pool_job) {
+      try {
+        completer(batch);
+      } catch (...) {
+        completer_failures.fetch_add(1, std::memory_order_relaxed);  // must not throw; never fatal
+      }
+      std::lock_guard lock(mutex);
+      delivered += batch.size();
+      if (pool_job) --pool_jobs;
+      cv.notify_all();
     }
-    pool_->submit([finish, jobs = std::move(jobs)]() mutable { finish(jobs); });
-  }
+    BatchCompleter<Context> completer;
+    std::mutex mutex;
+    std::condition_variable cv;
+    std::atomic<std::size_t> delivered{0};
+    std::size_t pool_jobs = 0;
+    std::atomic<std::uint64_t> completer_failures{0};
+  };
 
-  void delivered(std::size_t n, bool pool_job = false) {
-    std::lock_guard lock(delivered_mutex_);
-    delivered_ += n;
-    if (pool_job) --pool_jobs_;
-    delivered_cv_.notify_all();
-  }
-
-  BatchCompleter<Context> completer_;
+  std::shared_ptr<Delivery> delivery_;
   std::shared_ptr<Pool> pool_;
   asio::io_context io_{1};
   asio::executor_work_guard<asio::io_context::executor_type> work_;
@@ -265,11 +280,6 @@ class FabricService {
   std::mutex submit_mutex_;
   bool running_ = true;
   std::atomic<std::size_t> accepted_{0};
-
-  std::mutex delivered_mutex_;
-  std::condition_variable delivered_cv_;
-  std::atomic<std::size_t> delivered_{0};
-  std::size_t pool_jobs_ = 0;
 
   bool flush_scheduled_ = false;
   std::vector<Completion<Context>> batch_;

@@ -47,15 +47,16 @@ class Pool {
 
   /// Queues `job` to run once on some worker. An exception thrown by the job is caught and counted
   /// in failed_jobs(); the worker goes on with the next job. After join() (or while it is under
-  /// way) the job is not run: it is destroyed by the caller and counted in dropped_jobs().
+  /// way) the job is not run: it is destroyed by the caller, counted in dropped_jobs(), and submit
+  /// returns false.
   template <typename Job>
-  void submit(Job&& job) {
+  bool submit(Job&& job) {
     static_assert(std::is_invocable_v<std::decay_t<Job>&>, "a job is called with no arguments");
     // Under the lock so that join() cannot close the pool between the check and the post.
     const std::lock_guard lock(submit_mutex_);
     if (closed_) {
       dropped_.fetch_add(1, std::memory_order_relaxed);
-      return;
+      return false;
     }
     asio::post(pool_, [this, job = std::forward<Job>(job)]() mutable {
       try {
@@ -64,6 +65,7 @@ class Pool {
         failed_.fetch_add(1, std::memory_order_relaxed);
       }
     });
+    return true;
   }
 
   /// Jobs submitted with submit() that threw.

@@ -87,8 +87,8 @@ struct CacheableSpan {
 /// in the Completion; the operand must stay valid and unmodified until then.
 template <typename Context>
 struct TransferRequest {
-  std::uint64_t client_id = 0;             ///< stable per client; never reused
-  PeerAddress peer_address;               ///< the advertised raw fabric address
+  std::uint64_t client_id = 0;  ///< stable per client; never reused
+  PeerAddress peer_address;     ///< the advertised raw fabric address
   std::uint64_t remote_key = 0;
   std::uint64_t remote_address = 0;  ///< VA on FI_MR_VIRT_ADDR providers, offset on tcp
   Direction direction = Direction::ToPeer;

@@ -1,8 +1,10 @@
 // The callback FabricService: batches per drain, checksums on the Pool, delivery before destruction.
 #include <pthread.h>
 
+#include <atomic>
 #include <mutex>
 #include <set>
+#include <stdexcept>
 
 #include "fixture.hpp"
 
@@ -126,4 +128,32 @@ TEST_CASE("a callback service on a dead peer fails its transfer at the deadline"
   }
   CHECK(sink.count() == 1);
   CHECK(sink.failures == 1);
+}
+
+TEST_CASE("a completer that throws is counted and neither kills the fabric thread nor hangs shutdown",
+          "[loopback][callback]") {
+  test::RemoteBuffer remote(64 * 8);
+  std::atomic<int> calls{0};
+  auto pool = std::make_shared<dma::Pool>(1);
+  auto service = dma::FabricService<test::Payload>::start(
+      test::loopback_configuration(),
+      [&](std::span<dma::Completion<test::Payload>>) {
+        ++calls;
+        throw std::runtime_error("completer bug");
+      },
+      pool);
+  for (int i = 0; i < 8; ++i) {
+    auto request = remote.request(dma::Direction::ToPeer, test::Payload{tagged(i, 64)}, 0, i * 64);
+    request.want_checksum = i % 2 == 1;
+    REQUIRE_FALSE(service->submit(std::move(request)));
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (service->outstanding() > 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  CHECK(service->outstanding() == 0);
+  CHECK(service->completer_failures() == static_cast<std::uint64_t>(calls.load()));
+  const auto start = std::chrono::steady_clock::now();
+  service.reset();
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(5));
 }

@@ -4,20 +4,18 @@
 #include "common.hpp"
 
 #include <asio/io_context.hpp>
+#include <asio/steady_timer.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <thread>
+#include <functional>
 #include <vector>
 
 namespace {
 
 bool all_ab(const std::vector<std::byte>& buffer) {
-  const volatile std::byte* bytes = buffer.data();
-  for (std::size_t i = 0; i < buffer.size(); ++i) {
-    if (bytes[i] != std::byte{0xab}) return false;
-  }
-  return true;
+  return std::all_of(buffer.begin(), buffer.end(), [](std::byte b) { return b == std::byte{0xab}; });
 }
 
 std::string crc_text(const std::vector<std::byte>& buffer) {
@@ -48,19 +46,10 @@ int main(int argc, char** argv) {
       arguments.configuration.bind = std::string(positionals[next++]);
     }
 
+    // One thread runs the target's progress and checks the buffer, so the check never races the
+    // provider writing into it.
     asio::io_context io;
     dma::Target target(io, arguments.configuration);
-    std::thread progress([&] { io.run(); });
-    struct Join {
-      asio::io_context& io;
-      std::thread& thread;
-      ~Join() {
-        io.stop();
-        thread.join();
-      }
-    } join{io, progress};
-    auto guard = asio::make_work_guard(io);
-
     if (next < positionals.size()) target.insert_initiator(dma::decode_hex(positionals[next]));
 
     std::vector<std::byte> buffer(4096, read ? std::byte{0xab} : std::byte{0});
@@ -75,14 +64,21 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
 
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(300);
-    while (std::chrono::steady_clock::now() < deadline) {
+    bool received = false;
+    asio::steady_timer tick(io);
+    std::function<void()> check = [&] {
       if (!read && all_ab(buffer)) {
         std::printf("received 4096 bytes, crc %s — payload verified\n", crc_text(buffer).c_str());
-        return 0;
+        received = true;
+        return io.stop();
       }
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-    if (read) return 0;
+      if (std::chrono::steady_clock::now() >= deadline) return io.stop();
+      tick.expires_after(std::chrono::milliseconds(1));
+      tick.async_wait([&](std::error_code) { check(); });
+    };
+    check();
+    io.run();
+    if (received || read) return 0;
     throw examples::Failure("timed out waiting for a transfer");
   });
 }

@@ -117,9 +117,9 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
   EngineImpl(const asio::any_io_executor& executor, const Configuration& configuration)
       : configuration_(configuration),
         strand_(asio::make_strand(executor)),
+        closer_(std::make_shared<StrandCloser>(strand_)),
         backstop_(strand_),
-        shutdown_timer_(strand_),
-        closer_(std::make_shared<StrandCloser>(strand_)) {
+        shutdown_timer_(strand_) {
     entries_.resize(std::max<std::size_t>(1, configuration_.cq_batch));
   }
 

@@ -157,3 +157,33 @@ TEST_CASE("a completer that throws is counted and neither kills the fabric threa
   service.reset();
   CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(5));
 }
+
+// Counterparts of the Rust crate's batching tests (should_flush_crc): batches follow CQ drains here.
+TEST_CASE("a partial batch is flushed as soon as the drain ends, without waiting to fill", "[loopback][callback]") {
+  test::RemoteBuffer remote(64);
+  Sink sink;
+  auto service = dma::FabricService<test::Payload>::start(test::loopback_configuration(), sink.completer(), nullptr);
+  REQUIRE_FALSE(service->submit(remote.request(dma::Direction::ToPeer, test::Payload{tagged(1, 64)})));
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (sink.count() < 1 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  REQUIRE(sink.count() == 1);
+  CHECK(sink.batch_sizes == std::vector<std::size_t>{1});
+}
+
+TEST_CASE("an empty batch is never delivered", "[loopback][callback]") {
+  test::RemoteBuffer remote(64 * 64);
+  Sink sink;
+  {
+    auto pool = std::make_shared<dma::Pool>(2);
+    auto service = dma::FabricService<test::Payload>::start(test::loopback_configuration(), sink.completer(), pool);
+    for (int i = 0; i < 500; ++i) {
+      auto request = remote.request(dma::Direction::ToPeer, test::Payload{tagged(i, 64)}, 0, (i % 64) * 64);
+      request.want_checksum = i % 3 == 0;
+      REQUIRE_FALSE(service->submit(std::move(request)));
+    }
+  }
+  CHECK(sink.count() == 500);
+  CHECK(std::none_of(sink.batch_sizes.begin(), sink.batch_sizes.end(), [](std::size_t n) { return n == 0; }));
+}

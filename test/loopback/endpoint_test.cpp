@@ -93,3 +93,20 @@ TEST_CASE("submitting on a closed service completes with not_open", "[loopback][
   REQUIRE(test::run_until(io, future));
   CHECK(future.get().outcome.error() == dma::errc::not_open);
 }
+
+TEST_CASE("libfabric reports a version", "[loopback][endpoint]") {
+  CHECK(fi_version() > 0);
+  CHECK(dma::fabric_version().find('.') != std::string::npos);
+}
+
+TEST_CASE("libfabric discovers a tcp provider with null hints", "[loopback][endpoint]") {
+  fi_info* list = nullptr;
+  REQUIRE(fi_getinfo(FI_VERSION(1, 17), nullptr, nullptr, 0, nullptr, &list) == 0);
+  bool tcp = false;
+  for (const fi_info* entry = list; entry != nullptr; entry = entry->next) {
+    const char* name = entry->fabric_attr->prov_name;
+    if (name != nullptr && std::string(name).find("tcp") != std::string::npos) tcp = true;
+  }
+  fi_freeinfo(list);
+  CHECK(tcp);
+}

@@ -38,7 +38,7 @@ struct Metrics {
   std::uint64_t cache_misses = 0;         ///< operands that found none
   std::uint64_t cache_evictions = 0;      ///< CacheableSpan entries pushed out by the cache limits
   std::size_t cache_entries = 0;          ///< cached registrations in this domain now
-  std::size_t cache_bytes = 0;  ///< bytes under cached registrations now (pins included)
+  std::size_t cache_bytes = 0;            ///< bytes under cached registrations now (pins included)
 };
 
 namespace detail {

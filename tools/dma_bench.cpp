@@ -1,0 +1,663 @@
+// dma-bench: the library against a plain libfabric loop, side by side, over tcp on 127.0.0.1.
+//
+// Sweeps transfer size, direction, depth, API (awaitable, callback, raw) and wait mode (fd,
+// adaptive, busy). Every library point is measured interleaved with the raw loop at the same
+// size, direction, depth and wait mode (A, B, A, B, ...), and reported as medians with the ratio.
+// The target is a child process (`dma-bench --serve`) unless --target inprocess.
+#include <dma/dma.hpp>
+
+#include <poll.h>
+#include <rdma/fi_eq.h>
+#include <rdma/fi_errno.h>
+#include <rdma/fi_rma.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <CLI/CLI.hpp>
+#include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
+#include <asio/io_context.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+extern char** environ;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+Clock::duration span_of(double seconds) {
+  return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+}
+
+double cpu_seconds() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<double>(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) +
+         static_cast<double>(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) / 1e6;
+}
+
+std::size_t parse_size(const std::string& text) {
+  std::size_t end = 0;
+  const std::size_t value = std::stoull(text, &end);
+  const std::string unit = text.substr(end);
+  if (unit.empty() || unit == "B") return value;
+  if (unit == "K" || unit == "KiB") return value << 10;
+  if (unit == "M" || unit == "MiB") return value << 20;
+  if (unit == "G" || unit == "GiB") return value << 30;
+  throw std::invalid_argument("unknown size unit in " + text);
+}
+
+std::string size_text(std::size_t bytes) {
+  if (bytes >= (1u << 20) && bytes % (1u << 20) == 0) return std::to_string(bytes >> 20) + "M";
+  if (bytes >= 1024 && bytes % 1024 == 0) return std::to_string(bytes >> 10) + "K";
+  return std::to_string(bytes);
+}
+
+dma::WaitMode wait_mode(const std::string& name) {
+  if (name == "fd") return dma::WaitMode::fd;
+  if (name == "adaptive") return dma::WaitMode::adaptive;
+  if (name == "busy") return dma::WaitMode::busy_poll;
+  throw std::invalid_argument("unknown wait mode " + name);
+}
+
+// ---- the target ------------------------------------------------------------------------------
+
+// `--serve`: expose a region, print its advertisement, answer "cpu" with this process's CPU time,
+// exit on end of input.
+int serve(const std::string& bind, std::size_t region_size) {
+  dma::Configuration configuration;
+  configuration.bind = bind;
+  asio::io_context io;
+  dma::Target target(io, configuration);
+  std::vector<std::byte> region(region_size, std::byte{0x5a});
+  auto exposed = target.expose(region);
+  auto work = asio::make_work_guard(io);
+  std::thread progress([&] { io.run(); });
+  std::printf("advertisement: %s\n", exposed.advertisement().to_string().c_str());
+  std::fflush(stdout);
+  std::string line;
+  while (std::getline(std::cin, line)) {
+    if (line == "cpu") std::printf("cpu %.6f\n", cpu_seconds());
+    std::fflush(stdout);
+  }
+  work.reset();
+  io.stop();
+  progress.join();
+  return 0;
+}
+
+// The target as a child process, spoken to over pipes.
+class ChildTarget {
+ public:
+  ChildTarget(const std::string& self, const std::string& bind, std::size_t region_size) {
+    int to_child[2], from_child[2];
+    if (pipe(to_child) != 0 || pipe(from_child) != 0) throw std::runtime_error("pipe failed");
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_adddup2(&actions, to_child[0], STDIN_FILENO);
+    posix_spawn_file_actions_adddup2(&actions, from_child[1], STDOUT_FILENO);
+    posix_spawn_file_actions_addclose(&actions, to_child[1]);
+    posix_spawn_file_actions_addclose(&actions, from_child[0]);
+    std::vector<std::string> args = {self, "--serve", "--bind", bind, "--region", std::to_string(region_size)};
+    std::vector<char*> argv;
+    for (auto& a : args)
+      argv.push_back(a.data());
+    argv.push_back(nullptr);
+    const int rc = posix_spawn(&pid_, self.c_str(), &actions, nullptr, argv.data(), environ);
+    posix_spawn_file_actions_destroy(&actions);
+    close(to_child[0]);
+    close(from_child[1]);
+    if (rc != 0) throw std::runtime_error("cannot start the target: " + std::string(std::strerror(rc)));
+    in_ = fdopen(to_child[1], "w");
+    out_ = fdopen(from_child[0], "r");
+    const std::string line = read_line();
+    const std::string prefix = "advertisement: ";
+    if (line.rfind(prefix, 0) != 0) throw std::runtime_error("the target printed: " + line);
+    advertisement_ = dma::Advertisement::parse(line.substr(prefix.size()));
+  }
+  ~ChildTarget() {
+    std::fclose(in_);
+    int status = 0;
+    for (int i = 0; i < 500 && waitpid(pid_, &status, WNOHANG) == 0; ++i)
+      usleep(10000);
+    kill(pid_, SIGKILL);
+    waitpid(pid_, &status, 0);
+    std::fclose(out_);
+  }
+  const dma::Advertisement& advertisement() const { return advertisement_; }
+  double cpu() {
+    std::fputs("cpu\n", in_);
+    std::fflush(in_);
+    const std::string line = read_line();
+    return line.rfind("cpu ", 0) == 0 ? std::stod(line.substr(4)) : 0.0;
+  }
+
+ private:
+  std::string read_line() {
+    char buffer[1024];
+    if (std::fgets(buffer, sizeof buffer, out_) == nullptr) throw std::runtime_error("the target exited");
+    std::string line = buffer;
+    while (!line.empty() && (line.back() == '\n' || line.back() == '\r'))
+      line.pop_back();
+    return line;
+  }
+  pid_t pid_ = -1;
+  FILE* in_ = nullptr;
+  FILE* out_ = nullptr;
+  dma::Advertisement advertisement_;
+};
+
+// The target on a thread of this process (its CPU then shows up in the initiator's).
+class InProcessTarget {
+ public:
+  InProcessTarget(const std::string& bind, std::size_t region_size)
+      : target_(io_, configuration(bind)), region_(region_size, std::byte{0x5a}), work_(asio::make_work_guard(io_)) {
+    exposed_ = target_.expose(region_);
+    thread_ = std::thread([this] { io_.run(); });
+  }
+  ~InProcessTarget() {
+    work_.reset();
+    io_.stop();
+    thread_.join();
+  }
+  const dma::Advertisement& advertisement() const { return exposed_.advertisement(); }
+
+ private:
+  static dma::Configuration configuration(const std::string& bind) {
+    dma::Configuration c;
+    c.bind = bind;
+    return c;
+  }
+  asio::io_context io_;
+  dma::Target target_;
+  std::vector<std::byte> region_;
+  dma::Target::Region exposed_;
+  asio::executor_work_guard<asio::io_context::executor_type> work_;
+  std::thread thread_;
+};
+
+// ---- measurements ------------------------------------------------------------------------------
+
+struct Point {
+  std::string api;  // awaitable, callback, raw
+  dma::Direction direction;
+  std::size_t size;
+  int depth;
+  std::string wait;
+};
+
+struct Sample {
+  double seconds = 0;
+  std::uint64_t transfers = 0;
+  std::uint64_t errors = 0;
+  double cpu_initiator = 0;
+  double cpu_target = 0;
+  std::vector<double> latencies_us;
+};
+
+struct Slice {
+  std::span<std::byte> bytes;
+  Clock::time_point started;
+  std::span<const std::byte> source() const { return bytes; }
+  std::span<std::byte> allocate(std::size_t) const { return bytes; }
+};
+
+struct Setup {
+  dma::Advertisement peer;
+  std::string bind;
+  std::vector<std::byte>* local;
+  double duration;
+};
+
+dma::TransferRequest<Slice> request_for(const Setup& setup, const Point& point, int lane) {
+  dma::TransferRequest<Slice> r;
+  r.client_id = 1;
+  r.peer_address = setup.peer.address;
+  r.remote_key = setup.peer.remote_key;
+  r.remote_address = setup.peer.remote_address + static_cast<std::uint64_t>(lane) * point.size;
+  r.direction = point.direction;
+  r.length = point.size;
+  r.caller_context.bytes = std::span(*setup.local).subspan(static_cast<std::size_t>(lane) * point.size, point.size);
+  return r;
+}
+
+void record(Sample& sample, const dma::Outcome& outcome, Clock::time_point started, bool latency) {
+  ++sample.transfers;
+  if (!outcome) ++sample.errors;
+  if (latency) {
+    sample.latencies_us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - started).count());
+  }
+}
+
+// One library service per wait mode and API, opened once and reused across points.
+class Library {
+ public:
+  Library(const Setup& setup) : setup_(setup) {}
+
+  Sample awaitable(const Point& point) {
+    auto& service = async_service(point.wait);
+    Sample sample;
+    const auto end = Clock::now() + span_of(setup_.duration);
+    const bool latency = point.depth == 1;
+    auto lane = [&](int index) -> asio::awaitable<void> {
+      while (Clock::now() < end) {
+        auto request = request_for(setup_, point, index);
+        request.caller_context.started = Clock::now();
+        auto [slice, outcome] = co_await service.submit(std::move(request));
+        record(sample, outcome, slice.started, latency);
+      }
+    };
+    const auto start = Clock::now();
+    for (int i = 0; i < point.depth; ++i)
+      asio::co_spawn(io_, lane(i), asio::detached);
+    io_.restart();
+    io_.run();
+    sample.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    return sample;
+  }
+
+  Sample callback(const Point& point) {
+    auto& service = callback_service(point.wait);
+    std::unique_lock lock(mutex_);
+    sample_ = Sample{};
+    point_ = point;
+    end_ = Clock::now() + span_of(setup_.duration);
+    lanes_ = point.depth;
+    lock.unlock();
+    const auto start = Clock::now();
+    for (int i = 0; i < point.depth; ++i)
+      submit(service, i);
+    lock.lock();
+    done_.wait(lock, [&] { return lanes_ == 0; });
+    sample_.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    return sample_;
+  }
+
+ private:
+  dma::Configuration configuration(const std::string& wait) const {
+    dma::Configuration c;
+    c.bind = setup_.bind;
+    c.wait_mode = wait_mode(wait);
+    return c;
+  }
+
+  dma::asynchronous::FabricService<Slice>& async_service(const std::string& wait) {
+    auto& slot = async_[wait];
+    if (!slot) slot = std::make_unique<dma::asynchronous::FabricService<Slice>>(io_, configuration(wait));
+    return *slot;
+  }
+
+  // The completer resubmits on the fabric thread, keeping `depth` in flight.
+  dma::FabricService<Slice>& callback_service(const std::string& wait) {
+    auto& slot = callback_[wait];
+    if (!slot) {
+      slot = dma::FabricService<Slice>::start(
+          configuration(wait),
+          [this, wait](std::span<dma::Completion<Slice>> batch) {
+            for (auto& completion : batch)
+              completed(*callback_[wait], completion);
+          },
+          nullptr);
+    }
+    return *slot;
+  }
+
+  void submit(dma::FabricService<Slice>& service, int lane) {
+    auto request = request_for(setup_, point_, lane);
+    request.caller_context.started = Clock::now();
+    (void)service.submit(std::move(request));
+  }
+
+  void completed(dma::FabricService<Slice>& service, const dma::Completion<Slice>& completion) {
+    const auto lane = static_cast<int>((completion.caller_context.bytes.data() - setup_.local->data()) /
+                                       static_cast<std::ptrdiff_t>(point_.size));
+    record(sample_, completion.outcome, completion.caller_context.started, point_.depth == 1);
+    if (Clock::now() < end_) return submit(service, lane);
+    std::lock_guard lock(mutex_);
+    if (--lanes_ == 0) done_.notify_all();
+  }
+
+  const Setup& setup_;
+  asio::io_context io_;
+  std::map<std::string, std::unique_ptr<dma::asynchronous::FabricService<Slice>>> async_;
+  std::map<std::string, std::unique_ptr<dma::FabricService<Slice>>> callback_;
+  std::mutex mutex_;
+  std::condition_variable done_;
+  Sample sample_;
+  Point point_{};
+  Clock::time_point end_;
+  int lanes_ = 0;
+};
+
+// The baseline: the same transfers as a plain loop over fi_writemsg / fi_readmsg and fi_cq_read,
+// with the same flags (FI_DELIVERY_COMPLETE on writes, FI_MORE inside bursts) and depth.
+class Raw {
+ public:
+  explicit Raw(const Setup& setup) : setup_(setup) {
+    dma::Configuration c;
+    c.bind = setup.bind;
+    c.max_in_flight = 4096;
+    endpoint_.open(c);
+    std::error_code ec;
+    peer_ = endpoint_.insert_address(setup.peer.address, ec);
+    if (ec) throw std::system_error(ec, "raw baseline: fi_av_insert");
+  }
+
+  Sample run(const Point& point) {
+    Sample sample;
+    const auto mode = wait_mode(point.wait);
+    const bool latency = point.depth == 1;
+    std::vector<Op> ops(static_cast<std::size_t>(point.depth));
+    std::vector<Op*> backlog;
+    const auto start = Clock::now();
+    const auto end = start + std::chrono::duration<double>(setup_.duration);
+    for (int i = 0; i < point.depth; ++i) {
+      ops[static_cast<std::size_t>(i)].lane = i;
+      backlog.push_back(&ops[static_cast<std::size_t>(i)]);
+    }
+    std::size_t in_flight = 0;
+    fi_cq_entry entries[16];
+    bool spinning = false;
+    Clock::time_point spin_start;
+    while (in_flight > 0 || !backlog.empty()) {
+      post_backlog(point, backlog, in_flight);
+      const ssize_t n = fi_cq_read(endpoint_.cq(), entries, 16);
+      if (n > 0) {
+        spinning = false;
+        for (ssize_t i = 0; i < n; ++i) {
+          auto* op = static_cast<Op*>(entries[i].op_context);
+          --in_flight;
+          ++sample.transfers;
+          if (latency) sample.latencies_us.push_back(micros(op->started));
+          if (Clock::now() < end) backlog.push_back(op);
+        }
+        continue;
+      }
+      if (n == -FI_EAVAIL) {
+        fi_cq_err_entry error{};
+        if (fi_cq_readerr(endpoint_.cq(), &error, 0) > 0 && error.op_context != nullptr) {
+          --in_flight;
+          ++sample.transfers;
+          ++sample.errors;
+        }
+        continue;
+      }
+      if (!backlog.empty() || mode == dma::WaitMode::busy_poll) continue;
+      if (mode == dma::WaitMode::adaptive) {  // poll for up to 50 us (the library's default budget)
+        if (!spinning) spin_start = Clock::now();
+        spinning = true;
+        if (Clock::now() - spin_start < std::chrono::microseconds(50)) continue;
+      }
+      spinning = false;
+      wait_fd();
+    }
+    sample.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    return sample;
+  }
+
+ private:
+  struct Op {
+    fi_context2 context{};  // first: the CQ hands this address back
+    int lane = 0;
+    Clock::time_point started;
+  };
+
+  static double micros(Clock::time_point started) {
+    return std::chrono::duration<double, std::micro>(Clock::now() - started).count();
+  }
+
+  void post_backlog(const Point& point, std::vector<Op*>& backlog, std::size_t& in_flight) {
+    std::size_t posted = 0;
+    while (posted < backlog.size()) {
+      Op* op = backlog[posted];
+      const bool more = posted + 1 < backlog.size();
+      std::byte* buffer = setup_.local->data() + static_cast<std::size_t>(op->lane) * point.size;
+      iovec iov{buffer, point.size};
+      void* desc = nullptr;
+      fi_rma_iov rma{setup_.peer.remote_address + static_cast<std::uint64_t>(op->lane) * point.size, point.size,
+                     setup_.peer.remote_key};
+      fi_msg_rma msg{};
+      msg.msg_iov = &iov;
+      msg.desc = &desc;
+      msg.iov_count = 1;
+      msg.addr = peer_;
+      msg.rma_iov = &rma;
+      msg.rma_iov_count = 1;
+      msg.context = op;
+      op->started = Clock::now();
+      const std::uint64_t flags = FI_COMPLETION | (more ? FI_MORE : 0);
+      const ssize_t rc = point.direction == dma::Direction::ToPeer
+                             ? fi_writemsg(endpoint_.endpoint(), &msg, flags | FI_DELIVERY_COMPLETE)
+                             : fi_readmsg(endpoint_.endpoint(), &msg, flags);
+      if (rc != 0) break;  // -FI_EAGAIN: retried after the next CQ read
+      ++posted;
+      ++in_flight;
+    }
+    backlog.erase(backlog.begin(), backlog.begin() + static_cast<std::ptrdiff_t>(posted));
+  }
+
+  // fi_trywait before blocking, as the library does; a wake without completions is legal.
+  void wait_fd() {
+    fid* fids[] = {&endpoint_.cq()->fid};
+    if (fi_trywait(endpoint_.fabric(), fids, 1) != 0) return;
+    pollfd p{endpoint_.wait_fd(), POLLIN, 0};
+    (void)poll(&p, 1, 100);
+  }
+
+  const Setup& setup_;
+  dma::Endpoint endpoint_;
+  fi_addr_t peer_ = FI_ADDR_NOTAVAIL;
+};
+
+// ---- reporting ---------------------------------------------------------------------------------
+
+double median(std::vector<double> values) {
+  if (values.empty()) return 0;
+  std::sort(values.begin(), values.end());
+  return values[values.size() / 2];
+}
+
+double percentile(std::vector<double>& values, double p) {
+  if (values.empty()) return 0;
+  std::sort(values.begin(), values.end());
+  return values[std::min(values.size() - 1, static_cast<std::size_t>(p * static_cast<double>(values.size())))];
+}
+
+struct Row {
+  Point point;
+  double gbps = 0, mops = 0, cpu_init = 0, cpu_target = 0, p50 = 0, p99 = 0;
+  double raw_gbps = 0, raw_mops = 0, raw_p50 = 0;
+  std::uint64_t errors = 0;
+  int runs = 0;
+};
+
+Row summarise(const Point& point, const std::vector<Sample>& samples, const std::vector<Sample>& raw) {
+  Row row{point};
+  std::vector<double> gbps, mops, cpu_i, cpu_t, p50, p99, raw_gbps, raw_mops, raw_p50;
+  for (auto s : samples) {
+    const double bytes = static_cast<double>(s.transfers) * static_cast<double>(point.size);
+    gbps.push_back(bytes / s.seconds / 1e9);
+    mops.push_back(static_cast<double>(s.transfers) / s.seconds / 1e6);
+    const double gib = bytes / static_cast<double>(1u << 30);
+    cpu_i.push_back(gib > 0 ? s.cpu_initiator / gib : 0);
+    cpu_t.push_back(gib > 0 ? s.cpu_target / gib : 0);
+    p50.push_back(percentile(s.latencies_us, 0.5));
+    p99.push_back(percentile(s.latencies_us, 0.99));
+    row.errors += s.errors;
+  }
+  for (auto s : raw) {
+    raw_gbps.push_back(static_cast<double>(s.transfers) * static_cast<double>(point.size) / s.seconds / 1e9);
+    raw_mops.push_back(static_cast<double>(s.transfers) / s.seconds / 1e6);
+    raw_p50.push_back(percentile(s.latencies_us, 0.5));
+  }
+  row.gbps = median(gbps);
+  row.mops = median(mops);
+  row.cpu_init = median(cpu_i);
+  row.cpu_target = median(cpu_t);
+  row.p50 = median(p50);
+  row.p99 = median(p99);
+  row.raw_gbps = median(raw_gbps);
+  row.raw_mops = median(raw_mops);
+  row.raw_p50 = median(raw_p50);
+  row.runs = static_cast<int>(samples.size());
+  return row;
+}
+
+const char* direction_text(dma::Direction d) { return d == dma::Direction::ToPeer ? "write" : "read"; }
+
+void print_table(const std::vector<Row>& rows, bool child_target) {
+  std::printf("%-9s %-5s %6s %5s %-8s %9s %9s %9s %9s %9s %9s %8s %8s\n", "api", "dir", "size", "depth", "wait", "GB/s",
+              "Mxfer/s", "cpu-i/GiB", child_target ? "cpu-t/GiB" : "", "p50 us", "p99 us", "raw GB/s", "lib/raw");
+  for (const auto& r : rows) {
+    const bool rate = r.point.size < 64 * 1024;
+    const double ratio = rate ? (r.raw_mops > 0 ? r.mops / r.raw_mops : 0) : (r.raw_gbps > 0 ? r.gbps / r.raw_gbps : 0);
+    char p50[16] = "-", p99[16] = "-", cpu_t[16] = "";
+    if (r.point.depth == 1) {
+      std::snprintf(p50, sizeof p50, "%.1f", r.p50);
+      std::snprintf(p99, sizeof p99, "%.1f", r.p99);
+    }
+    if (child_target) std::snprintf(cpu_t, sizeof cpu_t, "%.3f", r.cpu_target);
+    std::printf("%-9s %-5s %6s %5d %-8s %9.3f %9.4f %9.3f %9s %9s %9s %8.3f %8.3f%s\n", r.point.api.c_str(),
+                direction_text(r.point.direction), size_text(r.point.size).c_str(), r.point.depth, r.point.wait.c_str(),
+                r.gbps, r.mops, r.cpu_init, cpu_t, p50, p99, r.raw_gbps, ratio, r.errors != 0 ? "  ERRORS" : "");
+  }
+}
+
+void print_json(const std::vector<Row>& rows) {
+  std::printf("[\n");
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const auto& r = rows[i];
+    std::printf(
+        "  {\"api\": \"%s\", \"direction\": \"%s\", \"size\": %zu, \"depth\": %d, \"wait\": \"%s\", \"runs\": %d, "
+        "\"gbps\": %.6f, \"mtransfers_per_s\": %.6f, \"cpu_initiator_s_per_gib\": %.6f, "
+        "\"cpu_target_s_per_gib\": %.6f, \"p50_us\": %.3f, \"p99_us\": %.3f, \"raw_gbps\": %.6f, "
+        "\"raw_mtransfers_per_s\": %.6f, \"raw_p50_us\": %.3f, \"errors\": %llu}%s\n",
+        r.point.api.c_str(), direction_text(r.point.direction), r.point.size, r.point.depth, r.point.wait.c_str(),
+        r.runs, r.gbps, r.mops, r.cpu_init, r.cpu_target, r.p50, r.p99, r.raw_gbps, r.raw_mops, r.raw_p50,
+        static_cast<unsigned long long>(r.errors), i + 1 < rows.size() ? "," : "");
+  }
+  std::printf("]\n");
+}
+
+std::vector<std::string> split(const std::string& text) {
+  std::vector<std::string> out;
+  std::stringstream stream(text);
+  std::string item;
+  while (std::getline(stream, item, ',')) {
+    if (!item.empty()) out.push_back(item);
+  }
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"dma-bench: dma-libfabric against a plain libfabric loop over tcp on 127.0.0.1"};
+  std::string sizes = "64,1K,4K,64K,1M,4M", directions = "write,read", depths = "1,16,64";
+  std::string apis = "awaitable,callback", waits = "fd,adaptive,busy", bind = "127.0.0.1", target = "child";
+  int runs = 5;
+  double duration = 0.2;
+  bool json = false, serve_mode = false;
+  std::size_t region = 0;
+  app.add_option("--sizes", sizes, "transfer sizes, comma-separated (K, M suffixes)")->capture_default_str();
+  app.add_option("--directions", directions, "write, read")->capture_default_str();
+  app.add_option("--depths", depths, "transfers in flight")->capture_default_str();
+  app.add_option("--apis", apis, "awaitable, callback (the raw loop always runs alongside)")->capture_default_str();
+  app.add_option("--wait", waits, "fd, adaptive, busy")->capture_default_str();
+  app.add_option("--runs", runs, "interleaved runs per point (medians are reported)")->capture_default_str();
+  app.add_option("--duration", duration, "seconds per run")->capture_default_str();
+  app.add_option("--target", target, "child or inprocess")->check(CLI::IsMember({"child", "inprocess"}));
+  app.add_option("--bind", bind, "loopback address to use")->capture_default_str();
+  app.add_flag("--json", json, "print JSON instead of a table");
+  app.add_flag("--serve", serve_mode, "internal: run as the target process");
+  app.add_option("--region", region, "internal: bytes the target exposes");
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    if (serve_mode) return serve(bind, region);
+
+    std::vector<std::size_t> size_list;
+    for (const auto& s : split(sizes))
+      size_list.push_back(parse_size(s));
+    std::vector<int> depth_list;
+    for (const auto& d : split(depths))
+      depth_list.push_back(std::stoi(d));
+    const std::size_t max_size = *std::max_element(size_list.begin(), size_list.end());
+    const int max_depth = *std::max_element(depth_list.begin(), depth_list.end());
+    const std::size_t span = max_size * static_cast<std::size_t>(max_depth);
+
+    std::unique_ptr<ChildTarget> child;
+    std::unique_ptr<InProcessTarget> local_target;
+    char self[4096] = {};
+    const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (target == "child") {
+      child = std::make_unique<ChildTarget>(std::string(self, static_cast<std::size_t>(std::max<ssize_t>(n, 0))), bind,
+                                            span);
+    } else {
+      local_target = std::make_unique<InProcessTarget>(bind, span);
+    }
+    std::vector<std::byte> local(span, std::byte{0xa5});
+    Setup setup{child ? child->advertisement() : local_target->advertisement(), bind, &local, duration};
+    Library library(setup);
+    Raw raw(setup);
+
+    std::vector<Point> points;
+    for (const auto& d : split(directions)) {
+      for (auto size : size_list) {
+        for (int depth : depth_list) {
+          for (const auto& w : split(waits)) {
+            for (const auto& a : split(apis)) {
+              points.push_back({a, d == "read" ? dma::Direction::FromPeer : dma::Direction::ToPeer, size, depth, w});
+            }
+          }
+        }
+      }
+    }
+
+    const bool progress = isatty(STDERR_FILENO) != 0;
+    std::vector<Row> rows;
+    for (std::size_t i = 0; i < points.size(); ++i) {
+      const auto& point = points[i];
+      if (progress) {
+        std::fprintf(stderr, "\r[%zu/%zu] %s %s %s d%d %s      ", i + 1, points.size(), point.api.c_str(),
+                     direction_text(point.direction), size_text(point.size).c_str(), point.depth, point.wait.c_str());
+      }
+      std::vector<Sample> library_samples, raw_samples;
+      for (int r = 0; r < runs; ++r) {  // A, B, A, B, ...
+        const double cpu0 = cpu_seconds(), target0 = child ? child->cpu() : 0;
+        Sample s = point.api == "callback" ? library.callback(point) : library.awaitable(point);
+        s.cpu_initiator = cpu_seconds() - cpu0;
+        s.cpu_target = child ? child->cpu() - target0 : 0;
+        library_samples.push_back(std::move(s));
+        raw_samples.push_back(raw.run(point));
+      }
+      rows.push_back(summarise(point, library_samples, raw_samples));
+    }
+    if (progress) std::fprintf(stderr, "\r%60s\r", "");
+    if (json) {
+      print_json(rows);
+    } else {
+      print_table(rows, child != nullptr);
+    }
+    return 0;
+  } catch (const std::exception& error) {
+    std::fprintf(stderr, "dma-bench: %s\n", error.what());
+    return 1;
+  }
+}

@@ -154,11 +154,15 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
   void submit(Operation* op) override {
     outstanding_.fetch_add(1, std::memory_order_relaxed);
     bool schedule = false;
+    // A handler that a reaper pass runs inline resubmits into that same pass: no strand post.
+    const bool in_pass = strand_.running_in_this_thread() && reaping_;
     {
       std::lock_guard lock(intake_mutex_);
       intake_.push_back(op);
-      schedule = !intake_scheduled_;
-      intake_scheduled_ = true;
+      if (!in_pass) {
+        schedule = !intake_scheduled_;
+        intake_scheduled_ = true;
+      }
     }
     if (schedule) asio::post(strand_, [self = shared_from_this()] { self->take_intake(); });
   }
@@ -220,16 +224,25 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
   std::error_code validate(std::span<const std::uint8_t> address) const;
 
   void take_intake() {
+    {
+      std::lock_guard lock(intake_mutex_);
+      intake_scheduled_ = false;
+    }
+    absorb_intake();
+    note_activity();
+    post_pending();
+    schedule_progress();
+  }
+
+  // Accepts whatever was submitted so far (on the strand).
+  void absorb_intake() {
     OperationQueue batch;
     {
       std::lock_guard lock(intake_mutex_);
       batch.swap(intake_);
-      intake_scheduled_ = false;
     }
     while (Operation* op = batch.pop_front())
       accept(op);
-    post_pending();
-    schedule_progress();
   }
 
   void accept(Operation* op) {
@@ -378,7 +391,17 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
 
   // ---- completions -----------------------------------------------------------------------
   // Reads the CQ until it is empty; returns how many operations it finished.
+  // Reads the CQ until it is empty, then accepts what the completion handlers resubmitted inline,
+  // so the caller's post_pending() sends it in the same pass. Returns how many operations it finished.
   std::size_t reap() {
+    reaping_ = true;
+    const std::size_t finished = drain_cq();
+    reaping_ = false;
+    if (finished != 0) absorb_intake();
+    return finished;
+  }
+
+  std::size_t drain_cq() {
     std::size_t finished = 0;
     for (;;) {
       const ssize_t n = fi_cq_read(endpoint_.cq(), entries_.data(), entries_.size());
@@ -473,15 +496,24 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
     }
     if (in_flight_ == 0) return arm_backstop(std::chrono::milliseconds(1));  // all stalled on EAGAIN
     if (configuration_.wait_mode == WaitMode::busy_poll || !descriptor_) return schedule_poll();
-    if (configuration_.wait_mode == WaitMode::adaptive && spin()) return;
+    // adaptive: poll while the last activity is recent. Each poll is a handler of its own, so
+    // completions delivered through the executor (and the caller's coroutines) run in between.
+    if (configuration_.wait_mode == WaitMode::adaptive && Clock::now() < spin_until_) return schedule_poll();
     arm_wait();
   }
 
   // One pass of the reaper: drain, post what the drain made room for, wait again.
-  void progress() {
-    reap();
+  void progress(bool polled = false) {
+    if (reap() != 0) {
+      if (polled) spin_hits_.add();
+      note_activity();
+    }
     post_pending();
     schedule_progress();
+  }
+
+  void note_activity() noexcept {
+    if (configuration_.wait_mode == WaitMode::adaptive) spin_until_ = Clock::now() + configuration_.spin_budget;
   }
 
   void schedule_poll() {
@@ -489,30 +521,8 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
     poll_scheduled_ = true;
     asio::post(strand_, [self = shared_from_this()] {
       self->poll_scheduled_ = false;
-      self->progress();
+      self->progress(true);
     });
-  }
-
-  // Polls for up to spin_budget. Returns true when the caller should not arm (someone else will
-  // run the next pass, or nothing is outstanding).
-  bool spin() {
-    const auto deadline = Clock::now() + configuration_.spin_budget;
-    while (Clock::now() < deadline) {
-      if (intake_waiting()) return true;  // the intake handler runs the next pass
-      if (reap() == 0) continue;
-      spin_hits_.add();
-      post_pending();
-      if (idle()) {
-        schedule_progress();
-        return true;
-      }
-    }
-    return false;
-  }
-
-  bool intake_waiting() {
-    std::lock_guard lock(intake_mutex_);
-    return intake_scheduled_;
   }
 
   void arm_wait() {
@@ -677,6 +687,8 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
   std::unordered_set<std::uint64_t> removal_pending_;
   std::vector<fi_cq_entry> entries_;
   bool wait_armed_ = false;
+  bool reaping_ = false;
+  Clock::time_point spin_until_{};
   Clock::time_point armed_at_{};
   bool backstop_armed_ = false;
   bool poll_scheduled_ = false;

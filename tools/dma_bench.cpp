@@ -220,6 +220,7 @@ struct Slice {
 
 struct Setup {
   dma::Advertisement peer;
+  std::chrono::nanoseconds spin_budget{std::chrono::microseconds(50)};
   std::string bind;
   std::vector<std::byte>* local;
   double duration;
@@ -249,6 +250,15 @@ void record(Sample& sample, const dma::Outcome& outcome, Clock::time_point start
 class Library {
  public:
   Library(const Setup& setup) : setup_(setup) {}
+
+  /// Opens the service a point needs ahead of time, so setup never counts as transfer cost.
+  void prepare(const Point& point) {
+    if (point.api == "callback") {
+      (void)callback_service(point.wait);
+    } else {
+      (void)async_service(point.wait);
+    }
+  }
 
   Sample awaitable(const Point& point) {
     auto& service = async_service(point.wait);
@@ -294,6 +304,7 @@ class Library {
     dma::Configuration c;
     c.bind = setup_.bind;
     c.wait_mode = wait_mode(wait);
+    c.spin_budget = setup_.spin_budget;
     return c;
   }
 
@@ -399,10 +410,10 @@ class Raw {
         continue;
       }
       if (!backlog.empty() || mode == dma::WaitMode::busy_poll) continue;
-      if (mode == dma::WaitMode::adaptive) {  // poll for up to 50 us (the library's default budget)
+      if (mode == dma::WaitMode::adaptive) {  // poll for up to the spin budget, as the library does
         if (!spinning) spin_start = Clock::now();
         spinning = true;
-        if (Clock::now() - spin_start < std::chrono::microseconds(50)) continue;
+        if (Clock::now() - spin_start < setup_.spin_budget) continue;
       }
       spinning = false;
       wait_fd();
@@ -483,6 +494,7 @@ struct Row {
   Point point;
   double gbps = 0, mops = 0, cpu_init = 0, cpu_target = 0, p50 = 0, p99 = 0;
   double raw_gbps = 0, raw_mops = 0, raw_p50 = 0;
+  double ratio = 0;  ///< median of the per-pair ratios (bandwidth from 64 KiB up, transfer rate below)
   std::uint64_t errors = 0;
   int runs = 0;
 };
@@ -516,6 +528,14 @@ Row summarise(const Point& point, const std::vector<Sample>& samples, const std:
   row.raw_mops = median(raw_mops);
   row.raw_p50 = median(raw_p50);
   row.runs = static_cast<int>(samples.size());
+  // Each library run sits next to its raw run in time, so the ratio of a pair cancels most drift.
+  std::vector<double> ratios;
+  for (std::size_t i = 0; i < samples.size() && i < raw.size(); ++i) {
+    const double lib_rate = static_cast<double>(samples[i].transfers) / samples[i].seconds;
+    const double raw_rate = static_cast<double>(raw[i].transfers) / raw[i].seconds;
+    if (raw_rate > 0) ratios.push_back(lib_rate / raw_rate);
+  }
+  row.ratio = median(ratios);
   return row;
 }
 
@@ -525,8 +545,7 @@ void print_table(const std::vector<Row>& rows, bool child_target) {
   std::printf("%-9s %-5s %6s %5s %-8s %9s %9s %9s %9s %9s %9s %8s %8s\n", "api", "dir", "size", "depth", "wait", "GB/s",
               "Mxfer/s", "cpu-i/GiB", child_target ? "cpu-t/GiB" : "", "p50 us", "p99 us", "raw GB/s", "lib/raw");
   for (const auto& r : rows) {
-    const bool rate = r.point.size < 64 * 1024;
-    const double ratio = rate ? (r.raw_mops > 0 ? r.mops / r.raw_mops : 0) : (r.raw_gbps > 0 ? r.gbps / r.raw_gbps : 0);
+    const double ratio = r.ratio;
     char p50[16] = "-", p99[16] = "-", cpu_t[16] = "";
     if (r.point.depth == 1) {
       std::snprintf(p50, sizeof p50, "%.1f", r.p50);
@@ -547,9 +566,9 @@ void print_json(const std::vector<Row>& rows) {
         "  {\"api\": \"%s\", \"direction\": \"%s\", \"size\": %zu, \"depth\": %d, \"wait\": \"%s\", \"runs\": %d, "
         "\"gbps\": %.6f, \"mtransfers_per_s\": %.6f, \"cpu_initiator_s_per_gib\": %.6f, "
         "\"cpu_target_s_per_gib\": %.6f, \"p50_us\": %.3f, \"p99_us\": %.3f, \"raw_gbps\": %.6f, "
-        "\"raw_mtransfers_per_s\": %.6f, \"raw_p50_us\": %.3f, \"errors\": %llu}%s\n",
+        "\"raw_mtransfers_per_s\": %.6f, \"raw_p50_us\": %.3f, \"ratio\": %.4f, \"errors\": %llu}%s\n",
         r.point.api.c_str(), direction_text(r.point.direction), r.point.size, r.point.depth, r.point.wait.c_str(),
-        r.runs, r.gbps, r.mops, r.cpu_init, r.cpu_target, r.p50, r.p99, r.raw_gbps, r.raw_mops, r.raw_p50,
+        r.runs, r.gbps, r.mops, r.cpu_init, r.cpu_target, r.p50, r.p99, r.raw_gbps, r.raw_mops, r.raw_p50, r.ratio,
         static_cast<unsigned long long>(r.errors), i + 1 < rows.size() ? "," : "");
   }
   std::printf("]\n");
@@ -572,6 +591,7 @@ int main(int argc, char** argv) {
   std::string sizes = "64,1K,4K,64K,1M,4M", directions = "write,read", depths = "1,16,64";
   std::string apis = "awaitable,callback", waits = "fd,adaptive,busy", bind = "127.0.0.1", target = "child";
   int runs = 5;
+  double spin_us = 50;
   double duration = 0.2;
   bool json = false, serve_mode = false;
   std::size_t region = 0;
@@ -582,6 +602,8 @@ int main(int argc, char** argv) {
   app.add_option("--wait", waits, "fd, adaptive, busy")->capture_default_str();
   app.add_option("--runs", runs, "interleaved runs per point (medians are reported)")->capture_default_str();
   app.add_option("--duration", duration, "seconds per run")->capture_default_str();
+  app.add_option("--spin-us", spin_us, "adaptive wait: microseconds to poll before arming the fd")
+      ->capture_default_str();
   app.add_option("--target", target, "child or inprocess")->check(CLI::IsMember({"child", "inprocess"}));
   app.add_option("--bind", bind, "loopback address to use")->capture_default_str();
   app.add_flag("--json", json, "print JSON instead of a table");
@@ -613,7 +635,8 @@ int main(int argc, char** argv) {
       local_target = std::make_unique<InProcessTarget>(bind, span);
     }
     std::vector<std::byte> local(span, std::byte{0xa5});
-    Setup setup{child ? child->advertisement() : local_target->advertisement(), bind, &local, duration};
+    Setup setup{child ? child->advertisement() : local_target->advertisement(),
+                std::chrono::nanoseconds(static_cast<std::int64_t>(spin_us * 1000)), bind, &local, duration};
     Library library(setup);
     Raw raw(setup);
 
@@ -631,6 +654,7 @@ int main(int argc, char** argv) {
     }
 
     const bool progress = isatty(STDERR_FILENO) != 0;
+    std::uint64_t library_total = 0, raw_total = 0;
     std::vector<Row> rows;
     for (std::size_t i = 0; i < points.size(); ++i) {
       const auto& point = points[i];
@@ -639,17 +663,31 @@ int main(int argc, char** argv) {
                      direction_text(point.direction), size_text(point.size).c_str(), point.depth, point.wait.c_str());
       }
       std::vector<Sample> library_samples, raw_samples;
+      library.prepare(point);
+      {  // warm-up, discarded: connections, page faults, caches
+        Setup& mutable_setup = setup;
+        const double full = mutable_setup.duration;
+        mutable_setup.duration = full / 4;
+        library_total += (point.api == "callback" ? library.callback(point) : library.awaitable(point)).transfers;
+        raw_total += raw.run(point).transfers;
+        mutable_setup.duration = full;
+      }
       for (int r = 0; r < runs; ++r) {  // A, B, A, B, ...
         const double cpu0 = cpu_seconds(), target0 = child ? child->cpu() : 0;
         Sample s = point.api == "callback" ? library.callback(point) : library.awaitable(point);
         s.cpu_initiator = cpu_seconds() - cpu0;
         s.cpu_target = child ? child->cpu() - target0 : 0;
+        library_total += s.transfers;
         library_samples.push_back(std::move(s));
         raw_samples.push_back(raw.run(point));
+        raw_total += raw_samples.back().transfers;
       }
       rows.push_back(summarise(point, library_samples, raw_samples));
     }
     if (progress) std::fprintf(stderr, "\r%60s\r", "");
+    // For instruction counts (valgrind --tool=callgrind --toggle-collect=...): divide by these.
+    std::fprintf(stderr, "transfers run: library %llu, raw %llu\n", static_cast<unsigned long long>(library_total),
+                 static_cast<unsigned long long>(raw_total));
     if (json) {
       print_json(rows);
     } else {

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -33,7 +34,9 @@ class Outcome {
   Outcome() = default;
   Outcome(TransferDone done) noexcept : done_(done) {}  // NOLINT: implicit, like a result type
   Outcome(std::error_code error, int provider_errno = 0, std::string detail = {})
-      : error_(error), provider_errno_(provider_errno), detail_(std::move(detail)) {}
+      : error_(error),
+        provider_errno_(provider_errno),
+        detail_(detail.empty() ? nullptr : std::make_shared<const std::string>(std::move(detail))) {}
 
   bool ok() const noexcept { return !error_; }
   explicit operator bool() const noexcept { return ok(); }
@@ -52,14 +55,14 @@ class Outcome {
   /// "ok", or the error's message with the provider's detail.
   std::string message() const {
     if (!error_) return "ok";
-    return detail_.empty() ? error_.message() : error_.message() + ": " + detail_;
+    return detail_ == nullptr ? error_.message() : error_.message() + ": " + *detail_;
   }
 
  private:
   TransferDone done_{};
   std::error_code error_{};
   int provider_errno_ = 0;
-  std::string detail_;
+  std::shared_ptr<const std::string> detail_;  // only errors carry one: a success moves as three words
 };
 
 /// A finished transfer: the caller's context handed back, and what happened.

@@ -1,12 +1,15 @@
 #include "dma/detail/engine.hpp"
 
 #include "dma/advertisement.hpp"
+#include "dma/detail/block_pool.hpp"
 #include "dma/error.hpp"
 #include "peer_table.hpp"
 #include "region_cache.hpp"
 
+#include <asio/bind_allocator.hpp>
 #include <asio/bind_executor.hpp>
 #include <asio/dispatch.hpp>
+#include <asio/io_context.hpp>
 #include <asio/posix/stream_descriptor.hpp>
 #include <asio/post.hpp>
 #include <asio/steady_timer.hpp>
@@ -49,9 +52,10 @@ std::string duration_text(std::chrono::nanoseconds d) {
 // Closes MRs on the engine's strand (the domain is FI_THREAD_DOMAIN). A lease can drop on any
 // thread (a MemoryRegion released by its owner, invalidate() from an allocator hook): those MRs
 // wait in a queue that the strand drains. After the endpoint closed, nothing is closed any more.
-class StrandCloser final : public MrCloser, public std::enable_shared_from_this<StrandCloser> {
+template <typename Strand>
+class StrandCloser final : public MrCloser, public std::enable_shared_from_this<StrandCloser<Strand>> {
  public:
-  explicit StrandCloser(Engine::strand_type strand) : strand_(std::move(strand)) {}
+  explicit StrandCloser(Strand strand) : strand_(std::move(strand)) {}
 
   void close(Fid<fid_mr>&& mr, std::shared_ptr<void> keep_alive) noexcept override {
     if (strand_.running_in_this_thread()) {
@@ -72,7 +76,7 @@ class StrandCloser final : public MrCloser, public std::enable_shared_from_this<
     }
     if (schedule) {
       try {
-        asio::post(strand_, [self = shared_from_this()] { self->drain(); });
+        asio::post(strand_, [self = this->shared_from_this()] { self->drain(); });
       } catch (...) {
         // Out of memory while posting: the next drain on the strand (at the latest at shutdown) closes it.
       }
@@ -103,7 +107,7 @@ class StrandCloser final : public MrCloser, public std::enable_shared_from_this<
     Fid<fid_mr> mr;
     std::shared_ptr<void> keep_alive;
   };
-  Engine::strand_type strand_;
+  Strand strand_;
   std::mutex mutex_;
   std::vector<Pending> queue_;
   bool scheduled_ = false;
@@ -112,12 +116,18 @@ class StrandCloser final : public MrCloser, public std::enable_shared_from_this<
 
 std::atomic<std::uint64_t> local_key_counter{1};
 
-class EngineImpl final : public Engine, public std::enable_shared_from_this<EngineImpl> {
+// Inner is the executor under the strand: io_context's own executor when the service runs on an
+// io_context (no type erasure on the hot path), any_io_executor otherwise.
+template <typename Inner>
+class EngineImpl final : public Engine, public std::enable_shared_from_this<EngineImpl<Inner>> {
+  using strand_type = asio::strand<Inner>;
+  using std::enable_shared_from_this<EngineImpl<Inner>>::shared_from_this;
+
  public:
-  EngineImpl(const asio::any_io_executor& executor, const Configuration& configuration)
+  EngineImpl(const Inner& executor, const Configuration& configuration)
       : configuration_(configuration),
         strand_(asio::make_strand(executor)),
-        closer_(std::make_shared<StrandCloser>(strand_)),
+        closer_(std::make_shared<StrandCloser<strand_type>>(strand_)),
         backstop_(strand_),
         shutdown_timer_(strand_) {
     entries_.resize(std::max<std::size_t>(1, configuration_.cq_batch));
@@ -164,7 +174,11 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
         intake_scheduled_ = true;
       }
     }
-    if (schedule) asio::post(strand_, [self = shared_from_this()] { self->take_intake(); });
+    // The pool allocator, not Asio's thread-local recycling: this is freed on the strand's thread.
+    if (schedule) {
+      asio::post(strand_,
+                 asio::bind_allocator(PoolAllocator<void>(), [self = shared_from_this()] { self->take_intake(); }));
+    }
   }
 
   void cancel(Operation* op, std::uint64_t sequence) override {
@@ -185,7 +199,7 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
   const std::vector<std::uint8_t>& local_address() const noexcept override { return endpoint_.local_address(); }
   EndpointInfo describe() const override { return endpoint_.describe(); }
   const Configuration& configuration() const noexcept override { return configuration_; }
-  const strand_type& strand() const noexcept override { return strand_; }
+  asio::any_io_executor strand() const noexcept override { return strand_; }
 
   Metrics metrics() const noexcept override {
     Metrics m;
@@ -468,20 +482,24 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
     op->functions->complete(op, Outcome(ec));
   }
 
-  // One of client_id's accepted operations ended: a deferred removal may now go ahead.
+  // One of client_id's accepted operations ended: a deferred removal may now go ahead. A count
+  // that drops to 0 keeps its map node (so a steady client allocates nothing); remove_peer erases it.
   void settle(std::uint64_t client_id) {
     auto it = by_client_.find(client_id);
     if (it == by_client_.end() || --it->second != 0) return;
+    if (removal_pending_.erase(client_id) == 0) return;
     by_client_.erase(it);
-    if (removal_pending_.erase(client_id) != 0 && peers_) peers_->release(client_id);
+    if (peers_) peers_->release(client_id);
   }
 
   void remove_or_defer(std::uint64_t client_id) {
-    if (by_client_.contains(client_id)) {
+    auto it = by_client_.find(client_id);
+    if (it != by_client_.end() && it->second != 0) {
       removal_pending_.insert(client_id);
-    } else if (peers_) {
-      peers_->release(client_id);
+      return;
     }
+    if (it != by_client_.end()) by_client_.erase(it);
+    if (peers_) peers_->release(client_id);
   }
 
   // ---- progress ----------------------------------------------------------------------------
@@ -519,10 +537,10 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
   void schedule_poll() {
     if (poll_scheduled_) return;
     poll_scheduled_ = true;
-    asio::post(strand_, [self = shared_from_this()] {
-      self->poll_scheduled_ = false;
-      self->progress(true);
-    });
+    asio::post(strand_, asio::bind_allocator(PoolAllocator<void>(), [self = shared_from_this()] {
+                 self->poll_scheduled_ = false;
+                 self->progress(true);
+               }));
   }
 
   void arm_wait() {
@@ -667,12 +685,16 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
   strand_type strand_;
   Endpoint endpoint_;
   std::optional<PeerTable> peers_;
-  std::shared_ptr<StrandCloser> closer_;
+  std::shared_ptr<StrandCloser<strand_type>> closer_;
   const void* domain_key_ = nullptr;
   bool provider_keys_ = false;
-  std::optional<asio::posix::stream_descriptor> descriptor_;
-  asio::steady_timer backstop_;
-  asio::steady_timer shutdown_timer_;
+  // Typed on the strand itself: an any_io_executor holding a strand is too big for its small
+  // buffer, and every copy of it (one per completion) would allocate.
+  using Descriptor = asio::posix::basic_stream_descriptor<strand_type>;
+  using Timer = asio::basic_waitable_timer<Clock, asio::wait_traits<Clock>, strand_type>;
+  std::optional<Descriptor> descriptor_;
+  Timer backstop_;
+  Timer shutdown_timer_;
 
   std::mutex intake_mutex_;
   OperationQueue intake_;
@@ -699,7 +721,8 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
       context_less_errors_, queue_errors_, registrations_;
 };
 
-std::error_code EngineImpl::validate(std::span<const std::uint8_t> address) const {
+template <typename Inner>
+std::error_code EngineImpl<Inner>::validate(std::span<const std::uint8_t> address) const {
   return validate_address(address, endpoint_.addr_format());
 }
 
@@ -707,10 +730,14 @@ std::error_code EngineImpl::validate(std::span<const std::uint8_t> address) cons
 
 std::shared_ptr<Engine> Engine::create(const asio::any_io_executor& executor, const Configuration& configuration,
                                        std::error_code& ec, std::string& what) {
-  auto engine = std::make_shared<EngineImpl>(executor, configuration);
+  if (const auto* io = executor.target<asio::io_context::executor_type>()) {
+    auto engine = std::make_shared<EngineImpl<asio::io_context::executor_type>>(*io, configuration);
+    engine->open(ec, what);
+    return ec ? nullptr : std::shared_ptr<Engine>(std::move(engine));
+  }
+  auto engine = std::make_shared<EngineImpl<asio::any_io_executor>>(executor, configuration);
   engine->open(ec, what);
-  if (ec) return nullptr;
-  return engine;
+  return ec ? nullptr : std::shared_ptr<Engine>(std::move(engine));
 }
 
 }  // namespace dma::detail

@@ -5,6 +5,7 @@
 #include <dma/checksum.hpp>
 #include <dma/config.hpp>
 #include <dma/configuration.hpp>
+#include <dma/detail/block_pool.hpp>
 #include <dma/detail/engine.hpp>
 #include <dma/endpoint.hpp>
 #include <dma/error.hpp>
@@ -41,17 +42,26 @@ struct TransferOp final : Operation {
   using WorkExecutor = std::decay_t<decltype(asio::prefer(std::declval<const HandlerExecutor&>(),
                                                           asio::execution::outstanding_work.tracked))>;
   using Allocator = typename std::allocator_traits<
-      asio::associated_allocator_t<Handler, asio::recycling_allocator<void>>>::template rebind_alloc<TransferOp>;
+      asio::associated_allocator_t<Handler, PoolAllocator<void>>>::template rebind_alloc<TransferOp>;
 
   TransferOp(Handler&& handler_in, const IoExecutor& io_executor)
       : handler(std::move(handler_in)),
         work(asio::prefer(asio::get_associated_executor(handler, io_executor),
-                          asio::execution::outstanding_work.tracked)) {
+                          asio::execution::outstanding_work.tracked)),
+        direct(same_executor(asio::get_associated_executor(handler, io_executor), io_executor)) {
     functions = &table;
   }
 
+  static bool same_executor(const HandlerExecutor& a, const IoExecutor& b) noexcept {
+    if constexpr (std::is_same_v<HandlerExecutor, IoExecutor>) {
+      return a == b;
+    } else {
+      return false;
+    }
+  }
+
   static TransferOp* create(Handler&& handler, TransferRequest<Context>&& request, const IoExecutor& io_executor) {
-    Allocator allocator(asio::get_associated_allocator(handler, asio::recycling_allocator<void>()));
+    Allocator allocator(asio::get_associated_allocator(handler, PoolAllocator<void>()));
     TransferOp* op = std::allocator_traits<Allocator>::allocate(allocator, 1);
     try {
       std::allocator_traits<Allocator>::construct(allocator, op, std::move(handler), io_executor);
@@ -71,7 +81,7 @@ struct TransferOp final : Operation {
   }
 
   static void free(TransferOp* op) noexcept {
-    Allocator allocator(asio::get_associated_allocator(op->handler, asio::recycling_allocator<void>()));
+    Allocator allocator(asio::get_associated_allocator(op->handler, PoolAllocator<void>()));
     std::allocator_traits<Allocator>::destroy(allocator, op);
     std::allocator_traits<Allocator>::deallocate(allocator, op, 1);
   }
@@ -107,7 +117,11 @@ struct TransferOp final : Operation {
     Handler handler(std::move(op->handler));
     WorkExecutor work(std::move(op->work));
     Completion<Context> completion{std::move(op->caller_context), std::move(outcome)};
+    const bool direct = op->direct;
     free(op);
+    // The engine completes on a thread running the service's executor: a handler bound to that
+    // same executor runs here, as asio::dispatch would run it, minus the type-erased wrapper.
+    if (direct) return std::move(handler)(std::move(completion));
     asio::dispatch(work, [handler = std::move(handler), completion = std::move(completion)]() mutable {
       std::move(handler)(std::move(completion));
     });
@@ -120,6 +134,7 @@ struct TransferOp final : Operation {
   Context caller_context{};
   Handler handler;
   WorkExecutor work;
+  bool direct;  ///< the handler's executor is the service's own
 };
 
 /// Installed in a handler's cancellation slot: cancels the operation while it is not yet posted.

@@ -45,8 +45,6 @@ namespace detail {
 
 class Engine {
  public:
-  using strand_type = asio::strand<asio::any_io_executor>;
-
   /// Opens the endpoint; on failure returns null, sets ec and names the failing step in `what`.
   static std::shared_ptr<Engine> create(const asio::any_io_executor& executor, const Configuration& configuration,
                                         std::error_code& ec, std::string& what);
@@ -74,7 +72,8 @@ class Engine {
   virtual EndpointInfo describe() const = 0;
   virtual Metrics metrics() const noexcept = 0;
   virtual const Configuration& configuration() const noexcept = 0;
-  virtual const strand_type& strand() const noexcept = 0;
+  /// The strand every libfabric call of this engine runs on (for setup posts, not the hot path).
+  virtual asio::any_io_executor strand() const noexcept = 0;
 };
 
 }  // namespace detail

@@ -1,0 +1,109 @@
+// Steady-state transfers allocate nothing: global operator new is counted around a window of
+// transfers after warm-up, for use_awaitable and for the callback service.
+#include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
+#include <atomic>
+#include <cstdlib>
+#include <new>
+
+#include "../loopback/fixture.hpp"
+
+namespace {
+std::atomic<std::uint64_t> allocations{0};
+}
+
+void* operator new(std::size_t size) {
+  allocations.fetch_add(1, std::memory_order_relaxed);
+  if (void* p = std::malloc(size == 0 ? 1 : size)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+
+namespace {
+
+struct Slice {
+  std::span<std::byte> bytes;
+  std::span<const std::byte> source() const { return bytes; }
+};
+
+constexpr int depth = 16;
+constexpr int warm_up = 3000;
+constexpr int window = 3000;
+
+dma::Configuration configuration(dma::WaitMode mode) {
+  auto c = test::loopback_configuration();
+  c.wait_mode = mode;
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("steady-state awaitable transfers allocate nothing", "[alloc]") {
+  const auto mode = GENERATE(dma::WaitMode::fd, dma::WaitMode::adaptive, dma::WaitMode::busy_poll);
+  INFO("wait mode " << dma::to_string(mode));
+  test::RemoteBuffer remote(64 * depth);
+  asio::io_context io(1);
+  dma::asynchronous::FabricService<Slice> service(io, configuration(mode));
+  std::vector<std::byte> local(64 * depth, std::byte{7});
+  int done = 0, failed = 0;
+  std::uint64_t before = 0, after = 0;
+  auto lane = [&](int index) -> asio::awaitable<void> {
+    auto request =
+        remote.request(dma::Direction::ToPeer, Slice{std::span(local).subspan(index * 64, 64)}, 0, index * 64);
+    while (done < warm_up + window) {
+      auto [slice, outcome] = co_await service.submit(request);
+      if (!outcome) ++failed;
+      if (++done == warm_up) before = allocations.load();
+      if (done == warm_up + window) after = allocations.load();
+    }
+  };
+  for (int i = 0; i < depth; ++i)
+    asio::co_spawn(io, lane(i), asio::detached);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (done < warm_up + window + depth - 1 && std::chrono::steady_clock::now() < deadline) {
+    io.restart();
+    io.run_for(std::chrono::milliseconds(50));
+  }
+  REQUIRE(done >= warm_up + window);
+  CHECK(failed == 0);
+  INFO("allocations in " << window << " transfers: " << after - before);
+  CHECK(after - before == 0);
+}
+
+TEST_CASE("steady-state callback transfers allocate nothing", "[alloc]") {
+  const auto mode = GENERATE(dma::WaitMode::fd, dma::WaitMode::adaptive, dma::WaitMode::busy_poll);
+  INFO("wait mode " << dma::to_string(mode));
+  test::RemoteBuffer remote(64 * depth);
+  std::vector<std::byte> local(64 * depth, std::byte{9});
+  std::atomic<int> done{0};
+  std::atomic<std::uint64_t> before{0}, after{0};
+  std::unique_ptr<dma::FabricService<Slice>> service;
+  auto request_for = [&](int lane) {
+    return remote.request(dma::Direction::ToPeer, Slice{std::span(local).subspan(lane * 64, 64)}, 0, lane * 64);
+  };
+  service = dma::FabricService<Slice>::start(
+      configuration(mode),
+      [&](std::span<dma::Completion<Slice>> batch) {
+        for (auto& completion : batch) {
+          const int n = ++done;
+          if (n == warm_up) before = allocations.load();
+          if (n == warm_up + window) after = allocations.load();
+          if (n <= warm_up + window) {
+            const int lane = static_cast<int>((completion.caller_context.bytes.data() - local.data()) / 64);
+            (void)service->submit(request_for(lane));
+          }
+        }
+      },
+      nullptr);
+  for (int i = 0; i < depth; ++i)
+    REQUIRE_FALSE(service->submit(request_for(i)));
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (done < warm_up + window && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  REQUIRE(done >= warm_up + window);
+  INFO("allocations in " << window << " transfers: " << after - before);
+  CHECK(after - before == 0);
+  service.reset();
+}

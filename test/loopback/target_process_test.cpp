@@ -173,3 +173,60 @@ TEST_CASE("a killed target fails the transfers that were waiting on it", "[loopb
   INFO(completion.outcome.message());
   CHECK(completion.outcome.error() == dma::condition::peer_unreachable);
 }
+
+namespace {
+
+std::string example(const std::string& name) {
+  const std::string target = one_target();
+  return target.substr(0, target.rfind('/') + 1) + name;
+}
+
+// Runs an example against a fresh one_target process and returns both programs' lines.
+std::pair<std::vector<std::string>, std::vector<std::string>> run_example(const std::string& name, bool read) {
+  std::vector<std::string> target_args = {one_target()};
+  if (read) target_args.push_back("--read");
+  target_args.push_back("127.0.0.1");
+  Child target(target_args);
+  const auto peer = advertisement_of(target);
+  std::vector<std::string> target_lines = {target.line()};
+  Child initiator({example(name), "127.0.0.1", dma::encode_hex(peer.address), std::to_string(peer.remote_key),
+                   std::to_string(peer.remote_address)});
+  std::vector<std::string> lines;
+  for (std::string line = initiator.line(); !line.empty(); line = initiator.line())
+    lines.push_back(line);
+  CHECK(initiator.wait() == 0);
+  if (!read) target_lines.push_back(target.line());
+  return {lines, target_lines};
+}
+
+}  // namespace
+
+TEST_CASE("one_transfer, registered_arena and read_from_peer print the seed's lines against one_target",
+          "[loopback][process][examples]") {
+  {
+    auto [lines, target] = run_example("one_transfer", false);
+    REQUIRE(lines.size() == 2);
+    CHECK(lines[0].rfind("local address: 0200", 0) == 0);
+    CHECK(lines[1] == "wrote 4096 bytes, crc Some(2486649235)");
+    CHECK(target.back() == "received 4096 bytes, crc 0x94374193 — payload verified");
+  }
+  {
+    auto [lines, target] = run_example("registered_arena", false);
+    REQUIRE(lines.size() == 3);
+    CHECK(lines[1] == "registered 262144 bytes");
+    CHECK(lines[2] == "wrote 4096 bytes from the arena, crc Some(2486649235)");
+    CHECK(target.back() == "received 4096 bytes, crc 0x94374193 — payload verified");
+  }
+  {
+    auto [lines, target] = run_example("async_transfer", false);
+    REQUIRE(lines.size() == 2);
+    CHECK(lines[1] == "wrote 4096 of 4096 bytes, crc Some(2486649235)");
+    CHECK(target.back() == "received 4096 bytes, crc 0x94374193 — payload verified");
+  }
+  {
+    auto [lines, target] = run_example("read_from_peer", true);
+    REQUIRE(lines.size() == 2);
+    CHECK(lines[1] == "read 4096 bytes, crc Some(2486649235), payload verified");
+    CHECK(target[0] == "serving 4096 bytes of 0xab for a remote read, crc 0x94374193 — the initiator verifies");
+  }
+}

@@ -12,6 +12,12 @@ namespace {
 std::atomic<std::uint64_t> allocations{0};
 }
 
+// This file replaces both operator new and operator delete (over malloc/free); g++ cannot see that
+// they match when it inlines a library's `delete`.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+#endif
+
 void* operator new(std::size_t size) {
   allocations.fetch_add(1, std::memory_order_relaxed);
   if (void* p = std::malloc(size == 0 ? 1 : size)) return p;

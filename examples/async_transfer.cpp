@@ -18,9 +18,7 @@ struct Operation {
 asio::awaitable<void> transfer(dma::asynchronous::FabricService<Operation>& service, dma::Advertisement peer) {
   dma::TransferRequest<Operation> request;
   request.client_id = 1;
-  request.peer_address = peer.address;
-  request.remote_key = peer.remote_key;
-  request.remote_address = peer.remote_address;
+  request.set_peer(peer);
   request.direction = dma::Direction::ToPeer;
   request.want_checksum = true;
   request.caller_context = Operation{std::vector<std::uint8_t>(4096, 0xab)};

@@ -32,8 +32,8 @@ struct Failure : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-inline Arguments parse(int argc, char** argv) {
-  Arguments arguments;
+/// Splits the command line into flags (starting with `--`, kept in arguments) and positionals.
+inline std::vector<std::string_view> split_arguments(int argc, char** argv, Arguments& arguments) {
   std::vector<std::string_view> positionals;
   for (int i = 1; i < argc; ++i) {
     std::string_view arg = argv[i];
@@ -43,6 +43,12 @@ inline Arguments parse(int argc, char** argv) {
       positionals.push_back(arg);
     }
   }
+  return positionals;
+}
+
+inline Arguments parse(int argc, char** argv) {
+  Arguments arguments;
+  const auto positionals = split_arguments(argc, argv, arguments);
   std::size_t next = 0;
   if (arguments.has_flag("--efa")) {
     arguments.configuration.providers = {dma::Provider::efa_direct};

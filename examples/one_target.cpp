@@ -29,15 +29,7 @@ std::string crc_text(const std::vector<std::byte>& buffer) {
 int main(int argc, char** argv) {
   return examples::run_main([&] {
     examples::Arguments arguments;
-    std::vector<std::string_view> positionals;
-    for (int i = 1; i < argc; ++i) {
-      std::string_view arg = argv[i];
-      if (arg.starts_with("--")) {
-        arguments.flags.emplace_back(arg);
-      } else {
-        positionals.push_back(arg);
-      }
-    }
+    const auto positionals = examples::split_arguments(argc, argv, arguments);
     const bool read = arguments.has_flag("--read");
     std::size_t next = 0;
     if (arguments.has_flag("--efa")) {

@@ -14,9 +14,7 @@ asio::awaitable<void> read(dma::asynchronous::FabricService<std::vector<std::uin
                            dma::Advertisement peer) {
   dma::TransferRequest<std::vector<std::uint8_t>> request;
   request.client_id = 1;
-  request.peer_address = peer.address;
-  request.remote_key = peer.remote_key;
-  request.remote_address = peer.remote_address;
+  request.set_peer(peer);
   request.direction = dma::Direction::FromPeer;
   request.length = 4096;
   request.want_checksum = true;

@@ -50,9 +50,7 @@ int main(int argc, char** argv) {
     auto outcome = done->get_future();
     dma::TransferRequest<Slot> request;
     request.client_id = 1;
-    request.peer_address = peer.address;
-    request.remote_key = peer.remote_key;
-    request.remote_address = peer.remote_address;
+    request.set_peer(peer);
     request.direction = dma::Direction::ToPeer;
     request.want_checksum = true;
     request.caller_context = Slot{region, 4096, 4096, done};

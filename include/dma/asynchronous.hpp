@@ -21,7 +21,6 @@
 #include <asio/execution/outstanding_work.hpp>
 #include <asio/post.hpp>
 #include <asio/prefer.hpp>
-#include <asio/recycling_allocator.hpp>
 #include <asio/use_awaitable.hpp>
 
 #include <memory>

@@ -1,6 +1,7 @@
 // What a caller submits and what comes back: requests, operands, outcomes, completions.
 #pragma once
 
+#include <dma/advertisement.hpp>
 #include <dma/peer_address.hpp>
 
 #include <cstddef>
@@ -99,6 +100,16 @@ struct TransferRequest {
   bool want_checksum = false;  ///< CRC-32C of the local operand in TransferDone
   Context caller_context{};
   std::optional<std::uint64_t> parent_id;  ///< tracing parent; unused by the library itself
+
+  /// Addresses the request to an advertised buffer, `offset` bytes into it: sets peer_address,
+  /// remote_key and remote_address (the advertised address plus offset, whichever addressing mode
+  /// the peer's provider uses).
+  TransferRequest& set_peer(const Advertisement& peer, std::uint64_t offset = 0) {
+    peer_address = peer.address;
+    remote_key = peer.remote_key;
+    remote_address = peer.remote_address + offset;
+    return *this;
+  }
 };
 
 /// How the library reaches the operand inside a context. The primary template calls the context's

@@ -66,9 +66,7 @@ class RemoteBuffer {
                                         std::uint64_t offset = 0) const {
     dma::TransferRequest<Context> r;
     r.client_id = 1;
-    r.peer_address = advertisement().address;
-    r.remote_key = advertisement().remote_key;
-    r.remote_address = advertisement().remote_address + offset;
+    r.set_peer(advertisement(), offset);
     r.direction = direction;
     r.length = length;
     r.caller_context = std::move(context);

@@ -99,9 +99,9 @@ void Endpoint::close() noexcept {
   local_address_.clear();
 }
 
-void Endpoint::open(const Configuration& configuration, Role role) {
+void Endpoint::open(const Configuration& configuration) {
   std::error_code ec;
-  open(configuration, role, ec);
+  open(configuration, ec);
   if (!ec) return;
   const Provider provider = configuration.providers.empty() ? Provider::tcp : configuration.providers.front();
   std::string what = "opening the " + std::string(to_string(provider)) + " endpoint";
@@ -109,7 +109,7 @@ void Endpoint::open(const Configuration& configuration, Role role) {
   throw std::system_error(ec, what + ": " + failed_step_);
 }
 
-void Endpoint::open(const Configuration& configuration, Role role, std::error_code& ec) {
+void Endpoint::open(const Configuration& configuration, std::error_code& ec) {
   close();
   failed_step_.clear();
   auto list = detail::query_info(configuration, ec, failed_step_);
@@ -132,7 +132,6 @@ void Endpoint::open(const Configuration& configuration, Role role, std::error_co
     failed_step_ = "fi_dupinfo";
     return;
   }
-  (void)role;
   open_objects(configuration, ec);
   if (ec) close();
 }

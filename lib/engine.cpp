@@ -136,7 +136,7 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
   ~EngineImpl() override { abandon(); }
 
   void open(std::error_code& ec, std::string& what) {
-    endpoint_.open(configuration_, Endpoint::Role::initiator, ec);
+    endpoint_.open(configuration_, ec);
     if (ec) {
       what = endpoint_.failed_step();
       return;

@@ -123,7 +123,7 @@ struct Target::State : std::enable_shared_from_this<State> {
 
 Target::Target(const executor_type& executor, const Configuration& configuration)
     : state_(std::make_shared<State>(executor)) {
-  state_->endpoint.open(configuration, Endpoint::Role::target);
+  state_->endpoint.open(configuration);
   state_->start();
 }
 

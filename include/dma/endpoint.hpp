@@ -47,9 +47,6 @@ std::string fabric_version();
 
 class Endpoint {
  public:
-  /// Who opens the endpoint: the initiator (service) or the passive target.
-  enum class Role { initiator, target };
-
   Endpoint() noexcept;
   ~Endpoint();
   Endpoint(const Endpoint&) = delete;
@@ -58,8 +55,8 @@ class Endpoint {
   /// fi_getinfo with the provider's hints, then fabric, domain, AV (FI_AV_MAP), CQ (FI_WAIT_FD, or
   /// no wait object when the provider refuses one or wait_mode is busy_poll), endpoint, binds,
   /// enable. A failure closes whatever was opened and names the step that failed.
-  void open(const Configuration& configuration, Role role = Role::initiator);
-  void open(const Configuration& configuration, Role role, std::error_code& ec);
+  void open(const Configuration& configuration);
+  void open(const Configuration& configuration, std::error_code& ec);
   /// After a failed open: the step that failed, e.g. "fi_av_open".
   const std::string& failed_step() const noexcept { return failed_step_; }
   /// Closes endpoint, CQ, AV, domain and fabric, in that order.

@@ -63,7 +63,7 @@ TEST_CASE("an unknown interface name fails with no_domain and names it", "[loopb
   configuration.interfaces = {"no-such-device0"};
   dma::Endpoint endpoint;
   std::error_code ec;
-  endpoint.open(configuration, dma::Endpoint::Role::initiator, ec);
+  endpoint.open(configuration, ec);
   CHECK(ec == dma::errc::no_domain);
   CHECK(endpoint.failed_step().find("no-such-device0") != std::string::npos);
   CHECK_FALSE(endpoint.is_open());

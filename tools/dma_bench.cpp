@@ -1,8 +1,9 @@
 // dma-bench: the library against a plain libfabric loop, side by side, over tcp on 127.0.0.1.
 //
-// Sweeps transfer size, direction, depth, API (awaitable, callback, raw) and wait mode (fd,
-// adaptive, busy). Every library point is measured interleaved with the raw loop at the same
-// size, direction, depth and wait mode (A, B, A, B, ...), and reported as medians with the ratio.
+// Sweeps transfer size, direction, depth, API (awaitable, handler, callback, and raw as an A/A
+// control) and wait mode (fd, adaptive, busy). Every point is measured interleaved with the raw
+// loop at the same size, direction, depth and wait mode (A, B, B, A, ...), and reported as medians
+// with the ratio.
 // The target is a child process (`dma-bench --serve`) unless --target inprocess.
 #include <dma/dma.hpp>
 
@@ -282,6 +283,40 @@ class Library {
     return sample;
   }
 
+  // The same service with a plain completion handler that resubmits: no coroutine anywhere.
+  Sample handler(const Point& point) {
+    auto& service = async_service(point.wait);
+    Sample sample;
+    struct Lane {
+      dma::asynchronous::FabricService<Slice>* service;
+      Sample* sample;
+      const Setup* setup;
+      const Point* point;
+      Clock::time_point end;
+      int index;
+      void start() {
+        auto request = request_for(*setup, *point, index);
+        request.caller_context.started = Clock::now();
+        service->submit(std::move(request), [this](dma::Completion<Slice> done) {
+          record(*sample, done.outcome, done.caller_context.started, point->depth == 1);
+          if (Clock::now() < end) start();
+        });
+      }
+    };
+    std::vector<Lane> lanes;
+    lanes.reserve(static_cast<std::size_t>(point.depth));
+    const auto end = Clock::now() + span_of(setup_.duration);
+    const auto start = Clock::now();
+    for (int i = 0; i < point.depth; ++i) {
+      lanes.push_back(Lane{&service, &sample, &setup_, &point, end, i});
+      lanes.back().start();
+    }
+    io_.restart();
+    io_.run();
+    sample.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    return sample;
+  }
+
   Sample callback(const Point& point) {
     auto& service = callback_service(point.wait);
     std::unique_lock lock(mutex_);
@@ -297,6 +332,23 @@ class Library {
     done_.wait(lock, [&] { return lanes_ == 0; });
     sample_.seconds = std::chrono::duration<double>(Clock::now() - start).count();
     return sample_;
+  }
+
+  /// The engine counters of every service this run opened (printed for --only library).
+  void print_metrics() const {
+    auto line = [](const std::string& name, const dma::Metrics& m) {
+      std::fprintf(stderr,
+                   "%-18s posted %llu, cq_reads %llu, fd_wakeups %llu, spin_hits %llu, armed_late %llu, "
+                   "eagain %llu, backstop_hits %llu\n",
+                   name.c_str(), static_cast<unsigned long long>(m.posted), static_cast<unsigned long long>(m.cq_reads),
+                   static_cast<unsigned long long>(m.fd_wakeups), static_cast<unsigned long long>(m.spin_hits),
+                   static_cast<unsigned long long>(m.armed_late), static_cast<unsigned long long>(m.eagain),
+                   static_cast<unsigned long long>(m.backstop_hits));
+    };
+    for (const auto& [wait, service] : async_)
+      line("async " + wait + ":", service->metrics());
+    for (const auto& [wait, service] : callback_)
+      line("callback " + wait + ":", service->metrics());
   }
 
  private:
@@ -493,15 +545,16 @@ double percentile(std::vector<double>& values, double p) {
 struct Row {
   Point point;
   double gbps = 0, mops = 0, cpu_init = 0, cpu_target = 0, p50 = 0, p99 = 0;
-  double raw_gbps = 0, raw_mops = 0, raw_p50 = 0;
+  double raw_gbps = 0, raw_mops = 0, raw_p50 = 0, raw_cpu_init = 0, raw_cpu_target = 0;
   double ratio = 0;  ///< median of the per-pair ratios (bandwidth from 64 KiB up, transfer rate below)
   std::uint64_t errors = 0;
   int runs = 0;
+  bool library_missing = false, raw_missing = false;  ///< --only: one side did not run
 };
 
 Row summarise(const Point& point, const std::vector<Sample>& samples, const std::vector<Sample>& raw) {
   Row row{point};
-  std::vector<double> gbps, mops, cpu_i, cpu_t, p50, p99, raw_gbps, raw_mops, raw_p50;
+  std::vector<double> gbps, mops, cpu_i, cpu_t, p50, p99, raw_gbps, raw_mops, raw_p50, raw_cpu_i, raw_cpu_t;
   for (auto s : samples) {
     const double bytes = static_cast<double>(s.transfers) * static_cast<double>(point.size);
     gbps.push_back(bytes / s.seconds / 1e9);
@@ -517,6 +570,10 @@ Row summarise(const Point& point, const std::vector<Sample>& samples, const std:
     raw_gbps.push_back(static_cast<double>(s.transfers) * static_cast<double>(point.size) / s.seconds / 1e9);
     raw_mops.push_back(static_cast<double>(s.transfers) / s.seconds / 1e6);
     raw_p50.push_back(percentile(s.latencies_us, 0.5));
+    const double gib =
+        static_cast<double>(s.transfers) * static_cast<double>(point.size) / static_cast<double>(1u << 30);
+    raw_cpu_i.push_back(gib > 0 ? s.cpu_initiator / gib : 0);
+    raw_cpu_t.push_back(gib > 0 ? s.cpu_target / gib : 0);
   }
   row.gbps = median(gbps);
   row.mops = median(mops);
@@ -527,7 +584,11 @@ Row summarise(const Point& point, const std::vector<Sample>& samples, const std:
   row.raw_gbps = median(raw_gbps);
   row.raw_mops = median(raw_mops);
   row.raw_p50 = median(raw_p50);
+  row.raw_cpu_init = median(raw_cpu_i);
+  row.raw_cpu_target = median(raw_cpu_t);
   row.runs = static_cast<int>(samples.size());
+  row.library_missing = samples.empty();
+  row.raw_missing = raw.empty();
   // Each library run sits next to its raw run in time, so the ratio of a pair cancels most drift.
   std::vector<double> ratios;
   for (std::size_t i = 0; i < samples.size() && i < raw.size(); ++i) {
@@ -542,19 +603,32 @@ Row summarise(const Point& point, const std::vector<Sample>& samples, const std:
 const char* direction_text(dma::Direction d) { return d == dma::Direction::ToPeer ? "write" : "read"; }
 
 void print_table(const std::vector<Row>& rows, bool child_target) {
-  std::printf("%-9s %-5s %6s %5s %-8s %9s %9s %9s %9s %9s %9s %8s %8s\n", "api", "dir", "size", "depth", "wait", "GB/s",
-              "Mxfer/s", "cpu-i/GiB", child_target ? "cpu-t/GiB" : "", "p50 us", "p99 us", "raw GB/s", "lib/raw");
+  std::printf("%-9s %-5s %6s %5s %-8s %9s %9s %9s %9s %9s %9s %9s %9s %8s\n", "api", "dir", "size", "depth", "wait",
+              "GB/s", "Mxfer/s", "cpu-i/GiB", child_target ? "cpu-t/GiB" : "", "p50 us", "p99 us", "raw GB/s",
+              "raw cpu-i", "lib/raw");
   for (const auto& r : rows) {
     const double ratio = r.ratio;
     char p50[16] = "-", p99[16] = "-", cpu_t[16] = "";
-    if (r.point.depth == 1) {
+    if (r.point.depth == 1 && !r.library_missing) {
       std::snprintf(p50, sizeof p50, "%.1f", r.p50);
       std::snprintf(p99, sizeof p99, "%.1f", r.p99);
     }
     if (child_target) std::snprintf(cpu_t, sizeof cpu_t, "%.3f", r.cpu_target);
-    std::printf("%-9s %-5s %6s %5d %-8s %9.3f %9.4f %9.3f %9s %9s %9s %8.3f %8.3f%s\n", r.point.api.c_str(),
+    char raw_gbps[16] = "-", raw_cpu[16] = "-", ratio_text[16] = "-", gbps[16] = "-", mops[16] = "-", cpu_i[16] = "-";
+    if (!r.raw_missing) {
+      std::snprintf(raw_gbps, sizeof raw_gbps, "%.3f", r.raw_gbps);
+      std::snprintf(raw_cpu, sizeof raw_cpu, "%.3f", r.raw_cpu_init);
+    }
+    if (!r.library_missing) {
+      std::snprintf(gbps, sizeof gbps, "%.3f", r.gbps);
+      std::snprintf(mops, sizeof mops, "%.4f", r.mops);
+      std::snprintf(cpu_i, sizeof cpu_i, "%.3f", r.cpu_init);
+    }
+    if (!r.raw_missing && !r.library_missing) std::snprintf(ratio_text, sizeof ratio_text, "%.3f", ratio);
+    if (r.library_missing || !child_target) cpu_t[0] = '\0';
+    std::printf("%-9s %-5s %6s %5d %-8s %9s %9s %9s %9s %9s %9s %9s %9s %8s%s\n", r.point.api.c_str(),
                 direction_text(r.point.direction), size_text(r.point.size).c_str(), r.point.depth, r.point.wait.c_str(),
-                r.gbps, r.mops, r.cpu_init, cpu_t, p50, p99, r.raw_gbps, ratio, r.errors != 0 ? "  ERRORS" : "");
+                gbps, mops, cpu_i, cpu_t, p50, p99, raw_gbps, raw_cpu, ratio_text, r.errors != 0 ? "  ERRORS" : "");
   }
 }
 
@@ -566,10 +640,12 @@ void print_json(const std::vector<Row>& rows) {
         "  {\"api\": \"%s\", \"direction\": \"%s\", \"size\": %zu, \"depth\": %d, \"wait\": \"%s\", \"runs\": %d, "
         "\"gbps\": %.6f, \"mtransfers_per_s\": %.6f, \"cpu_initiator_s_per_gib\": %.6f, "
         "\"cpu_target_s_per_gib\": %.6f, \"p50_us\": %.3f, \"p99_us\": %.3f, \"raw_gbps\": %.6f, "
-        "\"raw_mtransfers_per_s\": %.6f, \"raw_p50_us\": %.3f, \"ratio\": %.4f, \"errors\": %llu}%s\n",
+        "\"raw_mtransfers_per_s\": %.6f, \"raw_p50_us\": %.3f, \"raw_cpu_initiator_s_per_gib\": %.6f, "
+        "\"raw_cpu_target_s_per_gib\": %.6f, \"ratio\": %.4f, \"errors\": %llu}%s\n",
         r.point.api.c_str(), direction_text(r.point.direction), r.point.size, r.point.depth, r.point.wait.c_str(),
-        r.runs, r.gbps, r.mops, r.cpu_init, r.cpu_target, r.p50, r.p99, r.raw_gbps, r.raw_mops, r.raw_p50, r.ratio,
-        static_cast<unsigned long long>(r.errors), i + 1 < rows.size() ? "," : "");
+        r.runs, r.gbps, r.mops, r.cpu_init, r.cpu_target, r.p50, r.p99, r.raw_gbps, r.raw_mops, r.raw_p50,
+        r.raw_cpu_init, r.raw_cpu_target, r.ratio, static_cast<unsigned long long>(r.errors),
+        i + 1 < rows.size() ? "," : "");
   }
   std::printf("]\n");
 }
@@ -595,10 +671,14 @@ int main(int argc, char** argv) {
   double duration = 0.2;
   bool json = false, serve_mode = false;
   std::size_t region = 0;
+  std::string only;
   app.add_option("--sizes", sizes, "transfer sizes, comma-separated (K, M suffixes)")->capture_default_str();
   app.add_option("--directions", directions, "write, read")->capture_default_str();
   app.add_option("--depths", depths, "transfers in flight")->capture_default_str();
-  app.add_option("--apis", apis, "awaitable, callback (the raw loop always runs alongside)")->capture_default_str();
+  app.add_option("--apis", apis,
+                 "awaitable, handler (plain completion handler), callback; raw = a second raw loop on its own "
+                 "endpoint, an A/A control of the harness (the raw baseline always runs alongside)")
+      ->capture_default_str();
   app.add_option("--wait", waits, "fd, adaptive, busy")->capture_default_str();
   app.add_option("--runs", runs, "interleaved runs per point (medians are reported)")->capture_default_str();
   app.add_option("--duration", duration, "seconds per run")->capture_default_str();
@@ -606,6 +686,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--target", target, "child or inprocess")->check(CLI::IsMember({"child", "inprocess"}));
   app.add_option("--bind", bind, "loopback address to use")->capture_default_str();
+  app.add_option("--only", only, "run one side alone, for profilers (no ratio; library also prints engine counters)")
+      ->check(CLI::IsMember({"library", "raw"}));
   app.add_flag("--json", json, "print JSON instead of a table");
   app.add_flag("--serve", serve_mode, "internal: run as the target process");
   app.add_option("--region", region, "internal: bytes the target exposes");
@@ -639,6 +721,7 @@ int main(int argc, char** argv) {
                 std::chrono::nanoseconds(static_cast<std::int64_t>(spin_us * 1000)), bind, &local, duration};
     Library library(setup);
     Raw raw(setup);
+    std::unique_ptr<Raw> control;  // --apis raw: the baseline against itself
 
     std::vector<Point> points;
     for (const auto& d : split(directions)) {
@@ -646,6 +729,10 @@ int main(int argc, char** argv) {
         for (int depth : depth_list) {
           for (const auto& w : split(waits)) {
             for (const auto& a : split(apis)) {
+              if (a != "awaitable" && a != "handler" && a != "callback" && a != "raw") {
+                throw std::invalid_argument("unknown API " + a + " (awaitable, handler, callback, raw)");
+              }
+              (void)wait_mode(w);  // an unknown wait mode fails here, before anything runs
               points.push_back({a, d == "read" ? dma::Direction::FromPeer : dma::Direction::ToPeer, size, depth, w});
             }
           }
@@ -663,25 +750,40 @@ int main(int argc, char** argv) {
                      direction_text(point.direction), size_text(point.size).c_str(), point.depth, point.wait.c_str());
       }
       std::vector<Sample> library_samples, raw_samples;
-      library.prepare(point);
+      if (point.api == "raw" && !control) control = std::make_unique<Raw>(setup);
+      if (point.api != "raw") library.prepare(point);
+      // The measured side: the library through one API, or the A/A control.
+      auto measured = [&] {
+        if (point.api == "raw") return control->run(point);
+        if (point.api == "callback") return library.callback(point);
+        if (point.api == "handler") return library.handler(point);
+        return library.awaitable(point);
+      };
       {  // warm-up, discarded: connections, page faults, caches
         Setup& mutable_setup = setup;
         const double full = mutable_setup.duration;
         mutable_setup.duration = full / 4;
-        library_total += (point.api == "callback" ? library.callback(point) : library.awaitable(point)).transfers;
-        raw_total += raw.run(point).transfers;
+        if (only != "raw") library_total += measured().transfers;
+        if (only != "library") raw_total += raw.run(point).transfers;
         mutable_setup.duration = full;
       }
-      auto run_library = [&] {
+      // getrusage of this process and of the child around each run (the in-process target's CPU
+      // shows up in the initiator's).
+      auto timed = [&](auto&& run) {
         const double cpu0 = cpu_seconds(), target0 = child ? child->cpu() : 0;
-        Sample s = point.api == "callback" ? library.callback(point) : library.awaitable(point);
+        Sample s = run();
         s.cpu_initiator = cpu_seconds() - cpu0;
         s.cpu_target = child ? child->cpu() - target0 : 0;
-        library_total += s.transfers;
-        library_samples.push_back(std::move(s));
+        return s;
+      };
+      auto run_library = [&] {
+        if (only == "raw") return;
+        library_samples.push_back(timed(measured));
+        library_total += library_samples.back().transfers;
       };
       auto run_raw = [&] {
-        raw_samples.push_back(raw.run(point));
+        if (only == "library") return;
+        raw_samples.push_back(timed([&] { return raw.run(point); }));
         raw_total += raw_samples.back().transfers;
       };
       for (int r = 0; r < runs; ++r) {  // A B, B A, A B, ...: whichever goes second has no edge
@@ -699,10 +801,18 @@ int main(int argc, char** argv) {
     // For instruction counts (valgrind --tool=callgrind --toggle-collect=...): divide by these.
     std::fprintf(stderr, "transfers run: library %llu, raw %llu\n", static_cast<unsigned long long>(library_total),
                  static_cast<unsigned long long>(raw_total));
+    if (only == "library") library.print_metrics();
     if (json) {
       print_json(rows);
     } else {
       print_table(rows, child != nullptr);
+    }
+    std::uint64_t errors = 0;
+    for (const auto& row : rows)
+      errors += row.errors;
+    if (errors != 0) {  // a benchmark whose transfers failed measured nothing
+      std::fprintf(stderr, "dma-bench: %llu transfers failed\n", static_cast<unsigned long long>(errors));
+      return 2;
     }
     return 0;
   } catch (const std::exception& error) {

@@ -225,6 +225,17 @@ struct Setup {
   std::string bind;
   std::vector<std::byte>* local;
   double duration;
+  int max_depth = 64;
+
+  /// What both sides open their endpoints with: the same CQ (wait object, size) and credits.
+  dma::Configuration configuration(const std::string& wait) const {
+    dma::Configuration c;
+    c.bind = bind;
+    c.wait_mode = wait_mode(wait);
+    c.spin_budget = spin_budget;
+    c.max_in_flight = static_cast<std::size_t>(std::max(64, max_depth));
+    return c;
+  }
 };
 
 dma::TransferRequest<Slice> request_for(const Setup& setup, const Point& point, int lane) {
@@ -352,13 +363,7 @@ class Library {
   }
 
  private:
-  dma::Configuration configuration(const std::string& wait) const {
-    dma::Configuration c;
-    c.bind = setup_.bind;
-    c.wait_mode = wait_mode(wait);
-    c.spin_budget = setup_.spin_budget;
-    return c;
-  }
+  dma::Configuration configuration(const std::string& wait) const { return setup_.configuration(wait); }
 
   dma::asynchronous::FabricService<Slice>& async_service(const std::string& wait) {
     auto& slot = async_[wait];
@@ -412,17 +417,10 @@ class Library {
 // with the same flags (FI_DELIVERY_COMPLETE on writes, FI_MORE inside bursts) and depth.
 class Raw {
  public:
-  explicit Raw(const Setup& setup) : setup_(setup) {
-    dma::Configuration c;
-    c.bind = setup.bind;
-    c.max_in_flight = 4096;
-    endpoint_.open(c);
-    std::error_code ec;
-    peer_ = endpoint_.insert_address(setup.peer.address, ec);
-    if (ec) throw std::system_error(ec, "raw baseline: fi_av_insert");
-  }
+  explicit Raw(const Setup& setup) : setup_(setup) {}
 
   Sample run(const Point& point) {
+    select(point.wait);
     Sample sample;
     const auto mode = wait_mode(point.wait);
     const bool latency = point.depth == 1;
@@ -440,7 +438,7 @@ class Raw {
     Clock::time_point spin_start;
     while (in_flight > 0 || !backlog.empty()) {
       post_backlog(point, backlog, in_flight);
-      const ssize_t n = fi_cq_read(endpoint_.cq(), entries, 16);
+      const ssize_t n = fi_cq_read(current_->endpoint->cq(), entries, 16);
       if (n > 0) {
         spinning = false;
         for (ssize_t i = 0; i < n; ++i) {
@@ -454,7 +452,7 @@ class Raw {
       }
       if (n == -FI_EAVAIL) {
         fi_cq_err_entry error{};
-        if (fi_cq_readerr(endpoint_.cq(), &error, 0) > 0 && error.op_context != nullptr) {
+        if (fi_cq_readerr(current_->endpoint->cq(), &error, 0) > 0 && error.op_context != nullptr) {
           --in_flight;
           ++sample.transfers;
           ++sample.errors;
@@ -499,15 +497,15 @@ class Raw {
       msg.msg_iov = &iov;
       msg.desc = &desc;
       msg.iov_count = 1;
-      msg.addr = peer_;
+      msg.addr = current_->peer;
       msg.rma_iov = &rma;
       msg.rma_iov_count = 1;
       msg.context = op;
       op->started = Clock::now();
       const std::uint64_t flags = FI_COMPLETION | (more ? FI_MORE : 0);
       const ssize_t rc = point.direction == dma::Direction::ToPeer
-                             ? fi_writemsg(endpoint_.endpoint(), &msg, flags | FI_DELIVERY_COMPLETE)
-                             : fi_readmsg(endpoint_.endpoint(), &msg, flags);
+                             ? fi_writemsg(current_->endpoint->endpoint(), &msg, flags | FI_DELIVERY_COMPLETE)
+                             : fi_readmsg(current_->endpoint->endpoint(), &msg, flags);
       if (rc != 0) break;  // -FI_EAGAIN: retried after the next CQ read
       ++posted;
       ++in_flight;
@@ -515,17 +513,35 @@ class Raw {
     backlog.erase(backlog.begin(), backlog.begin() + static_cast<std::ptrdiff_t>(posted));
   }
 
+  // One endpoint per wait mode, opened as the library opens its service's: busy polling has a CQ
+  // without a wait object (FI_WAIT_NONE), the other modes FI_WAIT_FD.
+  void select(const std::string& wait) {
+    auto& side = sides_[wait];
+    if (!side.endpoint) {
+      side.endpoint = std::make_unique<dma::Endpoint>();
+      side.endpoint->open(setup_.configuration(wait));
+      std::error_code ec;
+      side.peer = side.endpoint->insert_address(setup_.peer.address, ec);
+      if (ec) throw std::system_error(ec, "raw baseline: fi_av_insert");
+    }
+    current_ = &side;
+  }
+
   // fi_trywait before blocking, as the library does; a wake without completions is legal.
   void wait_fd() {
-    fid* fids[] = {&endpoint_.cq()->fid};
-    if (fi_trywait(endpoint_.fabric(), fids, 1) != 0) return;
-    pollfd p{endpoint_.wait_fd(), POLLIN, 0};
+    fid* fids[] = {&current_->endpoint->cq()->fid};
+    if (fi_trywait(current_->endpoint->fabric(), fids, 1) != 0) return;
+    pollfd p{current_->endpoint->wait_fd(), POLLIN, 0};
     (void)poll(&p, 1, 100);
   }
 
+  struct Side {
+    std::unique_ptr<dma::Endpoint> endpoint;
+    fi_addr_t peer = FI_ADDR_NOTAVAIL;
+  };
   const Setup& setup_;
-  dma::Endpoint endpoint_;
-  fi_addr_t peer_ = FI_ADDR_NOTAVAIL;
+  std::map<std::string, Side> sides_;
+  Side* current_ = nullptr;
 };
 
 // ---- reporting ---------------------------------------------------------------------------------
@@ -718,7 +734,7 @@ int main(int argc, char** argv) {
     }
     std::vector<std::byte> local(span, std::byte{0xa5});
     Setup setup{child ? child->advertisement() : local_target->advertisement(),
-                std::chrono::nanoseconds(static_cast<std::int64_t>(spin_us * 1000)), bind, &local, duration};
+                std::chrono::nanoseconds(static_cast<std::int64_t>(spin_us * 1000)), bind, &local, duration, max_depth};
     Library library(setup);
     Raw raw(setup);
     std::unique_ptr<Raw> control;  // --apis raw: the baseline against itself

@@ -45,41 +45,70 @@ constexpr auto backstop_interval = std::chrono::milliseconds(5);
 // Everything libfabric is touched under `mutex` (the endpoint is FI_THREAD_DOMAIN): the progress
 // handlers on the executor and expose/withdraw from any thread.
 struct Target::State : std::enable_shared_from_this<State> {
-  State(const executor_type& executor) : executor(executor), timer(executor) {}
+  using Clock = std::chrono::steady_clock;
+
+  State(const executor_type& executor, const Configuration& configuration)
+      : executor(executor),
+        timer(executor),
+        wait_mode(configuration.wait_mode),
+        spin_budget(configuration.spin_budget) {}
 
   void start() {
-    if (endpoint.wait_fd() >= 0) descriptor.emplace(executor, endpoint.wait_fd());
-    asio::post(executor, [self = shared_from_this()] { self->progress(); });
+    if (endpoint.wait_fd() >= 0 && wait_mode != WaitMode::busy_poll) {
+      descriptor.emplace(executor, endpoint.wait_fd());
+    }
+    asio::post(executor, [self = shared_from_this()] { self->progress(true); });
   }
 
-  // Drain (which is what moves tcp's manual progress), then wait for the fd or the backstop.
-  void progress() {
+  // Drain (which is what moves tcp's manual progress), then poll again or wait for the fd or the
+  // backstop, as the configured wait mode says. A passive target sees no completions, so its only
+  // sign of traffic is the wait fd: `woken` (an fd wake, or fi_trywait saying work is pending)
+  // starts an adaptive spin. Each poll is a handler of its own, so the executor's other work runs.
+  // The spin matters to the initiator as much as to the target: data arriving at a target that is
+  // still polling needs no wake-up, and over loopback the initiator's sendmsg pays for each one.
+  void progress(bool woken = false) {
     std::lock_guard lock(mutex);
     if (stopped) return;
     passes.fetch_add(1, std::memory_order_relaxed);
     drain();
-    if (descriptor && !wait_armed) {
-      fid* fids[] = {&endpoint.cq()->fid};
-      if (fi_trywait(endpoint.fabric(), fids, 1) == 0) {
-        wait_armed = true;
-        descriptor->async_wait(asio::posix::descriptor_base::wait_read,
-                               [self = shared_from_this()](std::error_code ec) {
-                                 self->wait_armed = false;
-                                 if (ec != asio::error::operation_aborted) self->progress();
-                               });
-      } else {
-        asio::post(executor, [self = shared_from_this()] { self->progress(); });
-        return;
+    if (wait_armed) return arm_backstop();
+    if (wait_mode == WaitMode::busy_poll) return poll();
+    if (!descriptor) return arm_backstop();  // no wait object: the backstop paces progress
+    const auto now = Clock::now();
+    if (woken && wait_mode == WaitMode::adaptive) spin_until = now + spin_budget;
+    if (now < spin_until) return poll();
+    fid* fids[] = {&endpoint.cq()->fid};
+    if (fi_trywait(endpoint.fabric(), fids, 1) != 0) {
+      asio::post(executor, [self = shared_from_this()] { self->progress(true); });
+      return;
+    }
+    wait_armed = true;
+    descriptor->async_wait(asio::posix::descriptor_base::wait_read, [self = shared_from_this()](std::error_code ec) {
+      {
+        std::lock_guard lock(self->mutex);
+        self->wait_armed = false;
       }
-    }
-    if (!timer_armed) {
-      timer_armed = true;
-      timer.expires_after(backstop_interval);
-      timer.async_wait([self = shared_from_this()](std::error_code ec) {
+      if (ec != asio::error::operation_aborted) self->progress(true);
+    });
+    arm_backstop();
+  }
+
+  void poll() {
+    asio::post(executor, [self = shared_from_this()] { self->progress(); });
+  }
+
+  // Under the mutex.
+  void arm_backstop() {
+    if (timer_armed) return;
+    timer_armed = true;
+    timer.expires_after(backstop_interval);
+    timer.async_wait([self = shared_from_this()](std::error_code ec) {
+      {
+        std::lock_guard lock(self->mutex);
         self->timer_armed = false;
-        if (ec != asio::error::operation_aborted) self->progress();
-      });
-    }
+      }
+      if (ec != asio::error::operation_aborted) self->progress();
+    });
   }
 
   void drain() {
@@ -115,6 +144,9 @@ struct Target::State : std::enable_shared_from_this<State> {
   Endpoint endpoint;
   std::optional<asio::posix::stream_descriptor> descriptor;
   asio::steady_timer timer;
+  WaitMode wait_mode;
+  std::chrono::nanoseconds spin_budget;
+  Clock::time_point spin_until{};
   bool wait_armed = false;
   bool timer_armed = false;
   bool stopped = false;
@@ -122,7 +154,7 @@ struct Target::State : std::enable_shared_from_this<State> {
 };
 
 Target::Target(const executor_type& executor, const Configuration& configuration)
-    : state_(std::make_shared<State>(executor)) {
+    : state_(std::make_shared<State>(executor, configuration)) {
   state_->endpoint.open(configuration);
   state_->start();
 }

@@ -13,6 +13,7 @@
 #include <rdma/fi_rma.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -77,13 +78,43 @@ dma::WaitMode wait_mode(const std::string& name) {
   throw std::invalid_argument("unknown wait mode " + name);
 }
 
+// The initiator's buffers: plain pages, or (--hugepages) 2 MiB-aligned memory that the kernel is
+// asked to back with transparent huge pages.
+class LocalBuffer {
+ public:
+  LocalBuffer(std::size_t size, bool huge) : size_(size) {
+    constexpr std::size_t huge_page = std::size_t{2} << 20;
+    mapped_ = huge ? size + huge_page : size;
+    void* p = mmap(nullptr, mapped_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) throw std::system_error(errno, std::generic_category(), "mmap of the local buffer");
+    base_ = static_cast<std::byte*>(p);
+    data_ = base_;
+    if (huge) {
+      const auto address = reinterpret_cast<std::uintptr_t>(base_);
+      data_ = base_ + ((huge_page - address % huge_page) % huge_page);
+      if (madvise(data_, size, MADV_HUGEPAGE) != 0) std::perror("dma-bench: madvise(MADV_HUGEPAGE)");
+    }
+    std::memset(data_, 0xa5, size);
+  }
+  ~LocalBuffer() { munmap(base_, mapped_); }
+  LocalBuffer(const LocalBuffer&) = delete;
+  LocalBuffer& operator=(const LocalBuffer&) = delete;
+  std::span<std::byte> bytes() const { return {data_, size_}; }
+
+ private:
+  std::size_t size_ = 0, mapped_ = 0;
+  std::byte* base_ = nullptr;
+  std::byte* data_ = nullptr;
+};
+
 // ---- the target ------------------------------------------------------------------------------
 
 // `--serve`: expose a region, print its advertisement, answer "cpu" with this process's CPU time,
 // exit on end of input.
-int serve(const std::string& bind, std::size_t region_size) {
+int serve(const std::string& bind, std::size_t region_size, const std::string& wait) {
   dma::Configuration configuration;
   configuration.bind = bind;
+  configuration.wait_mode = wait_mode(wait);
   asio::io_context io;
   dma::Target target(io, configuration);
   std::vector<std::byte> region(region_size, std::byte{0x5a});
@@ -106,7 +137,7 @@ int serve(const std::string& bind, std::size_t region_size) {
 // The target as a child process, spoken to over pipes.
 class ChildTarget {
  public:
-  ChildTarget(const std::string& self, const std::string& bind, std::size_t region_size) {
+  ChildTarget(const std::string& self, const std::string& bind, std::size_t region_size, const std::string& wait) {
     int to_child[2], from_child[2];
     if (pipe(to_child) != 0 || pipe(from_child) != 0) throw std::runtime_error("pipe failed");
     posix_spawn_file_actions_t actions;
@@ -115,7 +146,8 @@ class ChildTarget {
     posix_spawn_file_actions_adddup2(&actions, from_child[1], STDOUT_FILENO);
     posix_spawn_file_actions_addclose(&actions, to_child[1]);
     posix_spawn_file_actions_addclose(&actions, from_child[0]);
-    std::vector<std::string> args = {self, "--serve", "--bind", bind, "--region", std::to_string(region_size)};
+    std::vector<std::string> args = {
+        self, "--serve", "--bind", bind, "--region", std::to_string(region_size), "--target-wait", wait};
     std::vector<char*> argv;
     for (auto& a : args)
       argv.push_back(a.data());
@@ -167,8 +199,10 @@ class ChildTarget {
 // The target on a thread of this process (its CPU then shows up in the initiator's).
 class InProcessTarget {
  public:
-  InProcessTarget(const std::string& bind, std::size_t region_size)
-      : target_(io_, configuration(bind)), region_(region_size, std::byte{0x5a}), work_(asio::make_work_guard(io_)) {
+  InProcessTarget(const std::string& bind, std::size_t region_size, const std::string& wait)
+      : target_(io_, configuration(bind, wait)),
+        region_(region_size, std::byte{0x5a}),
+        work_(asio::make_work_guard(io_)) {
     exposed_ = target_.expose(region_);
     thread_ = std::thread([this] { io_.run(); });
   }
@@ -180,9 +214,10 @@ class InProcessTarget {
   const dma::Advertisement& advertisement() const { return exposed_.advertisement(); }
 
  private:
-  static dma::Configuration configuration(const std::string& bind) {
+  static dma::Configuration configuration(const std::string& bind, const std::string& wait) {
     dma::Configuration c;
     c.bind = bind;
+    c.wait_mode = wait_mode(wait);
     return c;
   }
   asio::io_context io_;
@@ -223,7 +258,7 @@ struct Setup {
   dma::Advertisement peer;
   std::chrono::nanoseconds spin_budget{std::chrono::microseconds(50)};
   std::string bind;
-  std::vector<std::byte>* local;
+  std::span<std::byte> local;
   double duration;
   int max_depth = 64;
 
@@ -246,7 +281,7 @@ dma::TransferRequest<Slice> request_for(const Setup& setup, const Point& point, 
   r.remote_address = setup.peer.remote_address + static_cast<std::uint64_t>(lane) * point.size;
   r.direction = point.direction;
   r.length = point.size;
-  r.caller_context.bytes = std::span(*setup.local).subspan(static_cast<std::size_t>(lane) * point.size, point.size);
+  r.caller_context.bytes = setup.local.subspan(static_cast<std::size_t>(lane) * point.size, point.size);
   return r;
 }
 
@@ -393,7 +428,7 @@ class Library {
   }
 
   void completed(dma::FabricService<Slice>& service, const dma::Completion<Slice>& completion) {
-    const auto lane = static_cast<int>((completion.caller_context.bytes.data() - setup_.local->data()) /
+    const auto lane = static_cast<int>((completion.caller_context.bytes.data() - setup_.local.data()) /
                                        static_cast<std::ptrdiff_t>(point_.size));
     record(sample_, completion.outcome, completion.caller_context.started, point_.depth == 1);
     if (Clock::now() < end_) return submit(service, lane);
@@ -488,7 +523,7 @@ class Raw {
     while (posted < backlog.size()) {
       Op* op = backlog[posted];
       const bool more = posted + 1 < backlog.size();
-      std::byte* buffer = setup_.local->data() + static_cast<std::size_t>(op->lane) * point.size;
+      std::byte* buffer = setup_.local.data() + static_cast<std::size_t>(op->lane) * point.size;
       iovec iov{buffer, point.size};
       void* desc = nullptr;
       fi_rma_iov rma{setup_.peer.remote_address + static_cast<std::uint64_t>(op->lane) * point.size, point.size,
@@ -681,11 +716,12 @@ std::vector<std::string> split(const std::string& text) {
 int main(int argc, char** argv) {
   CLI::App app{"dma-bench: dma-libfabric against a plain libfabric loop over tcp on 127.0.0.1"};
   std::string sizes = "64,1K,4K,64K,1M,4M", directions = "write,read", depths = "1,16,64";
-  std::string apis = "awaitable,callback", waits = "fd,adaptive,busy", bind = "127.0.0.1", target = "child";
+  std::string apis = "awaitable,callback", waits = "fd,adaptive,busy", bind = "127.0.0.1", target = "child",
+              target_wait = "adaptive";
   int runs = 5;
   double spin_us = 50;
   double duration = 0.2;
-  bool json = false, serve_mode = false;
+  bool json = false, serve_mode = false, hugepages = false;
   std::size_t region = 0;
   std::string only;
   app.add_option("--sizes", sizes, "transfer sizes, comma-separated (K, M suffixes)")->capture_default_str();
@@ -702,15 +738,19 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--target", target, "child or inprocess")->check(CLI::IsMember({"child", "inprocess"}));
   app.add_option("--bind", bind, "loopback address to use")->capture_default_str();
+  app.add_option("--target-wait", target_wait, "the target's wait mode: fd, adaptive, busy")
+      ->check(CLI::IsMember({"fd", "adaptive", "busy"}))
+      ->capture_default_str();
   app.add_option("--only", only, "run one side alone, for profilers (no ratio; library also prints engine counters)")
       ->check(CLI::IsMember({"library", "raw"}));
+  app.add_flag("--hugepages", hugepages, "back the initiator's buffers with transparent huge pages");
   app.add_flag("--json", json, "print JSON instead of a table");
   app.add_flag("--serve", serve_mode, "internal: run as the target process");
   app.add_option("--region", region, "internal: bytes the target exposes");
   CLI11_PARSE(app, argc, argv);
 
   try {
-    if (serve_mode) return serve(bind, region);
+    if (serve_mode) return serve(bind, region, target_wait);
 
     std::vector<std::size_t> size_list;
     for (const auto& s : split(sizes))
@@ -728,13 +768,17 @@ int main(int argc, char** argv) {
     const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
     if (target == "child") {
       child = std::make_unique<ChildTarget>(std::string(self, static_cast<std::size_t>(std::max<ssize_t>(n, 0))), bind,
-                                            span);
+                                            span, target_wait);
     } else {
-      local_target = std::make_unique<InProcessTarget>(bind, span);
+      local_target = std::make_unique<InProcessTarget>(bind, span, target_wait);
     }
-    std::vector<std::byte> local(span, std::byte{0xa5});
+    LocalBuffer local(span, hugepages);
     Setup setup{child ? child->advertisement() : local_target->advertisement(),
-                std::chrono::nanoseconds(static_cast<std::int64_t>(spin_us * 1000)), bind, &local, duration, max_depth};
+                std::chrono::nanoseconds(static_cast<std::int64_t>(spin_us * 1000)),
+                bind,
+                local.bytes(),
+                duration,
+                max_depth};
     Library library(setup);
     Raw raw(setup);
     std::unique_ptr<Raw> control;  // --apis raw: the baseline against itself

@@ -53,6 +53,10 @@ class Target {
   };
 
   /// Opens the endpoint and starts driving progress on executor. Throws std::system_error.
+  /// configuration.wait_mode says how: `fd` waits on the CQ's wait fd between passes, `adaptive`
+  /// (the default) keeps polling for spin_budget after each wake-up before it waits again (data
+  /// that lands meanwhile needs no wake-up, which over loopback also saves the writer's CPU), and
+  /// `busy_poll` never waits (a core per target). A 5 ms backstop timer runs whenever it waits.
   Target(const executor_type& executor, const Configuration& configuration);
   template <typename ExecutionContext>
   requires std::is_convertible_v<ExecutionContext&, asio::execution_context&> Target(ExecutionContext& context,
@@ -76,7 +80,7 @@ class Target {
   std::span<const std::uint8_t> local_address() const noexcept;
   EndpointInfo describe() const;
   executor_type get_executor() const noexcept;
-  /// Progress passes run so far (wake-ups and backstop timer ticks).
+  /// Progress passes run so far (wake-ups, adaptive polls and backstop timer ticks).
   std::uint64_t progress_passes() const noexcept;
 
  private:

@@ -72,15 +72,16 @@ struct Target::State : std::enable_shared_from_this<State> {
     passes.fetch_add(1, std::memory_order_relaxed);
     drain();
     if (wait_armed) return arm_backstop();
+    if (poll_scheduled) return;  // a polling pass is already on its way
     if (wait_mode == WaitMode::busy_poll) return poll();
     if (!descriptor) return arm_backstop();  // no wait object: the backstop paces progress
     const auto now = Clock::now();
     if (woken && wait_mode == WaitMode::adaptive) spin_until = now + spin_budget;
     if (now < spin_until) return poll();
     fid* fids[] = {&endpoint.cq()->fid};
-    if (fi_trywait(endpoint.fabric(), fids, 1) != 0) {
-      asio::post(executor, [self = shared_from_this()] { self->progress(true); });
-      return;
+    if (fi_trywait(endpoint.fabric(), fids, 1) != 0) {  // work is pending: that counts as a wake-up
+      if (wait_mode == WaitMode::adaptive) spin_until = now + spin_budget;
+      return poll();
     }
     wait_armed = true;
     descriptor->async_wait(asio::posix::descriptor_base::wait_read, [self = shared_from_this()](std::error_code ec) {
@@ -93,8 +94,17 @@ struct Target::State : std::enable_shared_from_this<State> {
     arm_backstop();
   }
 
+  // Under the mutex. One polling pass in flight at a time.
   void poll() {
-    asio::post(executor, [self = shared_from_this()] { self->progress(); });
+    if (poll_scheduled) return;
+    poll_scheduled = true;
+    asio::post(executor, [self = shared_from_this()] {
+      {
+        std::lock_guard lock(self->mutex);
+        self->poll_scheduled = false;
+      }
+      self->progress();
+    });
   }
 
   // Under the mutex.
@@ -148,6 +158,7 @@ struct Target::State : std::enable_shared_from_this<State> {
   std::chrono::nanoseconds spin_budget;
   Clock::time_point spin_until{};
   bool wait_armed = false;
+  bool poll_scheduled = false;
   bool timer_armed = false;
   bool stopped = false;
   std::atomic<std::uint64_t> passes{0};

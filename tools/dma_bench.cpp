@@ -107,6 +107,25 @@ class LocalBuffer {
   std::byte* data_ = nullptr;
 };
 
+// What shapes the numbers besides the library: printed with every report. Over loopback the
+// kernel's congestion control matters most (bbr paces the sender; cubic does not).
+std::string environment_line(const std::string& provider) {
+  auto first_line = [](const char* path) {
+    std::FILE* file = std::fopen(path, "r");
+    if (file == nullptr) return std::string("?");
+    char buffer[256] = {};
+    const bool ok = std::fgets(buffer, sizeof buffer, file) != nullptr;
+    std::fclose(file);
+    std::string text = ok ? buffer : "?";
+    while (!text.empty() && (text.back() == '\n' || text.back() == ' '))
+      text.pop_back();
+    return text;
+  };
+  return "libfabric " + dma::fabric_version() + ", provider " + provider + ", tcp_congestion_control " +
+         first_line("/proc/sys/net/ipv4/tcp_congestion_control") + ", " +
+         std::to_string(std::thread::hardware_concurrency()) + " CPUs";
+}
+
 // ---- the target ------------------------------------------------------------------------------
 
 // `--serve`: expose a region, print its advertisement, answer "cpu" with this process's CPU time,
@@ -453,6 +472,12 @@ class Library {
 class Raw {
  public:
   explicit Raw(const Setup& setup) : setup_(setup) {}
+
+  /// The provider the endpoint for this wait mode runs on, e.g. "tcp;ofi_rxm".
+  std::string provider(const std::string& wait) {
+    select(wait);
+    return current_->endpoint->describe().provider;
+  }
 
   Sample run(const Point& point) {
     select(point.wait);
@@ -802,6 +827,7 @@ int main(int argc, char** argv) {
       }
     }
 
+    std::fprintf(stderr, "environment: %s\n", environment_line(raw.provider(points.front().wait)).c_str());
     const bool progress = isatty(STDERR_FILENO) != 0;
     std::uint64_t library_total = 0, raw_total = 0;
     std::vector<Row> rows;

@@ -164,15 +164,18 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
   void submit(Operation* op) override {
     outstanding_.fetch_add(1, std::memory_order_relaxed);
     bool schedule = false;
-    // A handler that a reaper pass runs inline resubmits into that same pass: no strand post.
-    const bool in_pass = strand_.running_in_this_thread() && reaping_;
+    // A handler that a reaper pass runs inline resubmits into that same pass: no strand post,
+    // and no lock either, since only the strand touches pass_intake_.
+    if (strand_.running_in_this_thread() && reaping_) {
+      pass_intake_.push_back(op);
+      return;
+    }
     {
       std::lock_guard lock(intake_mutex_);
       intake_.push_back(op);
-      if (!in_pass) {
-        schedule = !intake_scheduled_;
-        intake_scheduled_ = true;
-      }
+      intake_waiting_.store(true, std::memory_order_release);
+      schedule = !intake_scheduled_;
+      intake_scheduled_ = true;
     }
     // The pool allocator, not Asio's thread-local recycling: this is freed on the strand's thread.
     if (schedule) {
@@ -248,14 +251,18 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
     schedule_progress();
   }
 
-  // Accepts whatever was submitted so far (on the strand).
+  // Accepts whatever was submitted so far (on the strand): other threads' submissions first, then
+  // this pass's own, which keeps each thread's order. The lock is skipped when nothing waits.
   void absorb_intake() {
     OperationQueue batch;
-    {
+    if (intake_waiting_.load(std::memory_order_acquire)) {
       std::lock_guard lock(intake_mutex_);
       batch.swap(intake_);
+      intake_waiting_.store(false, std::memory_order_relaxed);
     }
     while (Operation* op = batch.pop_front())
+      accept(op);
+    while (Operation* op = pass_intake_.pop_front())
       accept(op);
   }
 
@@ -596,8 +603,11 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
     {
       std::lock_guard lock(intake_mutex_);
       batch.swap(intake_);
+      intake_waiting_.store(false, std::memory_order_relaxed);
     }
     while (Operation* op = batch.pop_front())
+      fail(op, errc::shutdown);
+    while (Operation* op = pass_intake_.pop_front())
       fail(op, errc::shutdown);
     while (Operation* op = pending_.pop_front())
       finish(op, errc::shutdown, 0, "never posted");
@@ -654,6 +664,8 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
       while (Operation* op = intake_.pop_front())
         op->functions->destroy(op);
     }
+    while (Operation* op = pass_intake_.pop_front())
+      op->functions->destroy(op);
     if (in_flight_ > 0) {
       endpoint_.close_endpoint();
       for (int round = 0; round < 1000 && in_flight_ > 0; ++round) {
@@ -698,6 +710,8 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
 
   std::mutex intake_mutex_;
   OperationQueue intake_;
+  std::atomic<bool> intake_waiting_{false};  ///< intake_ is not empty (written under intake_mutex_)
+  OperationQueue pass_intake_;               ///< resubmitted from handlers inside a reaper pass (strand only)
   bool intake_scheduled_ = false;
   std::atomic<std::size_t> outstanding_{0};
   std::atomic<std::uint64_t> sequence_{1};

@@ -1,4 +1,5 @@
-// A process-wide pool of operation-sized blocks. The default allocator for operation state: unlike
+// A process-wide pool of operation-sized blocks, with a small per-thread cache in front (no lock
+// when a thread frees what it allocates). The default allocator for operation state: unlike
 // Asio's thread-local recycling, a block freed on the engine's thread can be reused by a submission
 // from any other thread, so steady-state transfers allocate nothing whoever submits them.
 #pragma once

@@ -271,7 +271,7 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
     if (op->peer_address.oversized()) return fail(op, errc::address_length);
     if (std::error_code ec = validate(op->peer_address)) return fail(op, ec);
     if (std::error_code ec = op->functions->resolve(*op)) return fail(op, ec);
-    ++by_client_[op->client_id];
+    ++client_count(op->client_id);
     pending_.push_back(op);
   }
 
@@ -489,13 +489,32 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
     op->functions->complete(op, Outcome(ec));
   }
 
+  // The in-flight count of client_id; the last client's node is remembered (a node of an
+  // unordered_map keeps its address until erased), which spares a hash lookup per transfer.
+  std::size_t& client_count(std::uint64_t client_id) {
+    if (client_id != last_client_ || last_count_ == nullptr) {
+      last_count_ = &by_client_[client_id];
+      last_client_ = client_id;
+    }
+    return *last_count_;
+  }
+
+  void forget_client(std::uint64_t client_id) {
+    if (client_id == last_client_) last_count_ = nullptr;
+    by_client_.erase(client_id);
+  }
+
   // One of client_id's accepted operations ended: a deferred removal may now go ahead. A count
   // that drops to 0 keeps its map node (so a steady client allocates nothing); remove_peer erases it.
   void settle(std::uint64_t client_id) {
-    auto it = by_client_.find(client_id);
-    if (it == by_client_.end() || --it->second != 0) return;
+    if (client_id == last_client_ && last_count_ != nullptr) {  // the usual case: one peer, over and over
+      if (--*last_count_ != 0) return;
+    } else {
+      auto it = by_client_.find(client_id);
+      if (it == by_client_.end() || --it->second != 0) return;
+    }
     if (removal_pending_.erase(client_id) == 0) return;
-    by_client_.erase(it);
+    forget_client(client_id);
     if (peers_) peers_->release(client_id);
   }
 
@@ -505,7 +524,7 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
       removal_pending_.insert(client_id);
       return;
     }
-    if (it != by_client_.end()) by_client_.erase(it);
+    if (it != by_client_.end()) forget_client(client_id);
     if (peers_) peers_->release(client_id);
   }
 
@@ -720,6 +739,8 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
   std::size_t in_flight_ = 0;
   std::size_t credits_ = 1;
   std::unordered_map<std::uint64_t, std::size_t> by_client_;
+  std::uint64_t last_client_ = 0;
+  std::size_t* last_count_ = nullptr;  ///< &by_client_[last_client_], or null
   std::unordered_set<std::uint64_t> removal_pending_;
   std::vector<fi_cq_entry> entries_;
   bool wait_armed_ = false;

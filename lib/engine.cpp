@@ -548,6 +548,7 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
 
   // One pass of the reaper: drain, post what the drain made room for, wait again.
   void progress(bool polled = false) {
+    if (closed_) return;  // a polling pass posted before the endpoint closed: the CQ is gone
     if (reap() != 0) {
       if (polled) spin_hits_.add();
       note_activity();

@@ -18,6 +18,8 @@
 #include <rdma/fi_errno.h>
 #include <rdma/fi_rma.h>
 
+#include <poll.h>
+
 #include <array>
 #include <mutex>
 #include <optional>
@@ -606,13 +608,20 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
   void on_backstop(std::error_code ec) {
     backstop_armed_ = false;
     if (ec == asio::error::operation_aborted || closed_) return;
-    // Completions that sat in the CQ while the fd wait was armed for a whole interval mean a
-    // wake-up was lost; completions found sooner were only beaten to the strand by this timer.
+    // Completions that sat in the CQ while the fd wait was armed for a whole interval, with the fd
+    // silent, mean a wake-up was lost. Completions found sooner, or while the fd is readable (its
+    // wake-up is on its way to the strand, only slower than this timer), were merely beaten to it.
     const bool waited = wait_armed_ && Clock::now() - armed_at_ >= configuration_.backstop_interval;
-    if (reap() != 0 && waited) backstop_hits_.add();
+    const bool silent = waited && !fd_readable();
+    if (reap() != 0 && silent) backstop_hits_.add();
     post_pending();
     schedule_progress();
     if (!idle() && !backstop_armed_) arm_backstop(configuration_.backstop_interval);
+  }
+
+  bool fd_readable() const noexcept {
+    pollfd p{endpoint_.wait_fd(), POLLIN, 0};
+    return ::poll(&p, 1, 0) > 0;
   }
 
   // ---- shutdown ----------------------------------------------------------------------------

@@ -30,7 +30,7 @@ struct Metrics {
   std::uint64_t fd_wakeups = 0;     ///< wake-ups through the CQ's wait fd
   std::uint64_t spin_hits = 0;      ///< completions found while spinning before arming
   std::uint64_t armed_late = 0;     ///< completions found right after arming the fd
-  std::uint64_t backstop_hits = 0;  ///< completions found by the backstop after the fd stayed silent an interval (~0)
+  std::uint64_t backstop_hits = 0;  ///< completions the backstop found after the fd stayed silent an interval (~0)
   std::uint64_t context_less_errors = 0;  ///< error entries without an operation (endpoint faults)
   std::uint64_t queue_errors = 0;         ///< fi_cq_read failures that name no operation
   std::uint64_t registrations = 0;        ///< fi_mr_reg calls for local operands and pinned regions

@@ -342,10 +342,15 @@ class Library {
     const auto start = Clock::now();
     for (int i = 0; i < point.depth; ++i)
       asio::co_spawn(io_, lane(i), asio::detached);
+    sample.seconds = run_lanes(start);
+    return sample;
+  }
+
+  // Runs the io_context until every lane has stopped; seconds since start.
+  double run_lanes(Clock::time_point start) {
     io_.restart();
     io_.run();
-    sample.seconds = std::chrono::duration<double>(Clock::now() - start).count();
-    return sample;
+    return std::chrono::duration<double>(Clock::now() - start).count();
   }
 
   // The same service with a plain completion handler that resubmits: no coroutine anywhere.
@@ -376,9 +381,7 @@ class Library {
       lanes.push_back(Lane{&service, &sample, &setup_, &point, end, i});
       lanes.back().start();
     }
-    io_.restart();
-    io_.run();
-    sample.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    sample.seconds = run_lanes(start);
     return sample;
   }
 
@@ -417,11 +420,9 @@ class Library {
   }
 
  private:
-  dma::Configuration configuration(const std::string& wait) const { return setup_.configuration(wait); }
-
   dma::asynchronous::FabricService<Slice>& async_service(const std::string& wait) {
     auto& slot = async_[wait];
-    if (!slot) slot = std::make_unique<dma::asynchronous::FabricService<Slice>>(io_, configuration(wait));
+    if (!slot) slot = std::make_unique<dma::asynchronous::FabricService<Slice>>(io_, setup_.configuration(wait));
     return *slot;
   }
 
@@ -430,7 +431,7 @@ class Library {
     auto& slot = callback_[wait];
     if (!slot) {
       slot = dma::FabricService<Slice>::start(
-          configuration(wait),
+          setup_.configuration(wait),
           [this, wait](std::span<dma::Completion<Slice>> batch) {
             for (auto& completion : batch)
               completed(*callback_[wait], completion);
@@ -785,6 +786,8 @@ int main(int argc, char** argv) {
     std::vector<int> depth_list;
     for (const auto& d : split(depths))
       depth_list.push_back(std::stoi(d));
+    if (size_list.empty() || depth_list.empty())
+      throw std::invalid_argument("nothing to measure: empty --sizes or --depths");
     const std::size_t max_size = *std::max_element(size_list.begin(), size_list.end());
     const int max_depth = *std::max_element(depth_list.begin(), depth_list.end());
     const std::size_t span = max_size * static_cast<std::size_t>(max_depth);
@@ -827,6 +830,7 @@ int main(int argc, char** argv) {
       }
     }
 
+    if (points.empty()) throw std::invalid_argument("nothing to measure: empty --directions, --apis or --wait");
     std::fprintf(stderr, "environment: %s\n", environment_line(raw.provider(points.front().wait)).c_str());
     const bool progress = isatty(STDERR_FILENO) != 0;
     std::uint64_t library_total = 0, raw_total = 0;

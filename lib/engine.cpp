@@ -170,6 +170,7 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
     // and no lock either, since only the strand touches pass_intake_.
     if (strand_.running_in_this_thread() && reaping_) {
       pass_intake_.push_back(op);
+      joined_pass_.add();
       return;
     }
     {
@@ -206,6 +207,12 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
   const Configuration& configuration() const noexcept override { return configuration_; }
   asio::any_io_executor strand() const noexcept override { return strand_; }
 
+  void set_drain_hook(void (*hook)(void*), void* context) noexcept override {
+    drain_hook_ = hook;
+    drain_hook_context_ = context;
+  }
+  bool draining() const noexcept override { return reaping_ && strand_.running_in_this_thread(); }
+
   Metrics metrics() const noexcept override {
     Metrics m;
     m.posted = posted_.get();
@@ -217,6 +224,7 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
     m.spin_hits = spin_hits_.get();
     m.armed_late = armed_late_.get();
     m.backstop_hits = backstop_hits_.get();
+    m.joined_pass = joined_pass_.get();
     m.context_less_errors = context_less_errors_.get();
     m.queue_errors = queue_errors_.get();
     m.registrations = registrations_.get();
@@ -413,12 +421,13 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
   }
 
   // ---- completions -----------------------------------------------------------------------
-  // Reads the CQ until it is empty; returns how many operations it finished.
-  // Reads the CQ until it is empty, then accepts what the completion handlers resubmitted inline,
-  // so the caller's post_pending() sends it in the same pass. Returns how many operations it finished.
+  // Reads the CQ until it is empty, runs the drain hook, then accepts what the completion handlers
+  // (and the hook) resubmitted inline, so the caller's post_pending() sends it in the same pass.
+  // Returns how many operations it finished.
   std::size_t reap() {
     reaping_ = true;
     const std::size_t finished = drain_cq();
+    if (finished != 0 && drain_hook_ != nullptr) drain_hook_(drain_hook_context_);
     reaping_ = false;
     if (finished != 0) absorb_intake();
     return finished;
@@ -755,6 +764,8 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
   std::vector<fi_cq_entry> entries_;
   bool wait_armed_ = false;
   bool reaping_ = false;
+  void (*drain_hook_)(void*) = nullptr;  ///< the callback layer's batch delivery (set_drain_hook)
+  void* drain_hook_context_ = nullptr;
   Clock::time_point spin_until_{};
   Clock::time_point armed_at_{};
   bool backstop_armed_ = false;
@@ -763,7 +774,7 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
   bool closed_ = false;
 
   Counter posted_, completed_, failed_, eagain_, cq_reads_, fd_wakeups_, spin_hits_, armed_late_, backstop_hits_,
-      context_less_errors_, queue_errors_, registrations_;
+      joined_pass_, context_less_errors_, queue_errors_, registrations_;
 };
 
 template <typename Inner>

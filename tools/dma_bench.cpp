@@ -407,11 +407,11 @@ class Library {
     auto line = [](const std::string& name, const dma::Metrics& m) {
       std::fprintf(stderr,
                    "%-18s posted %llu, cq_reads %llu, fd_wakeups %llu, spin_hits %llu, armed_late %llu, "
-                   "eagain %llu, backstop_hits %llu\n",
+                   "eagain %llu, backstop_hits %llu, joined_pass %llu\n",
                    name.c_str(), static_cast<unsigned long long>(m.posted), static_cast<unsigned long long>(m.cq_reads),
                    static_cast<unsigned long long>(m.fd_wakeups), static_cast<unsigned long long>(m.spin_hits),
                    static_cast<unsigned long long>(m.armed_late), static_cast<unsigned long long>(m.eagain),
-                   static_cast<unsigned long long>(m.backstop_hits));
+                   static_cast<unsigned long long>(m.backstop_hits), static_cast<unsigned long long>(m.joined_pass));
     };
     for (const auto& [wait, service] : async_)
       line("async " + wait + ":", service->metrics());

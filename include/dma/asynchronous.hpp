@@ -150,6 +150,9 @@ struct Canceller {
 
 }  // namespace detail
 
+template <typename Context>
+class FabricService;  // the callback layer (fabric_service.hpp) installs a drain hook on the engine
+
 namespace asynchronous {
 
 /// The asynchronous fabric service: one endpoint whose completions are watched by the caller's
@@ -316,6 +319,9 @@ class FabricService {
   Metrics metrics() const noexcept { return engine_ ? engine_->metrics() : Metrics{}; }
 
  private:
+  template <typename>
+  friend class dma::FabricService;
+
   void open(const Configuration& configuration, std::error_code& ec, std::string& what) {
     close();
     engine_ = detail::Engine::create(executor_, configuration, ec, what);

@@ -31,6 +31,7 @@ struct Metrics {
   std::uint64_t spin_hits = 0;      ///< completions found while spinning before arming
   std::uint64_t armed_late = 0;     ///< completions found right after arming the fd
   std::uint64_t backstop_hits = 0;  ///< completions the backstop found after the fd stayed silent an interval (~0)
+  std::uint64_t joined_pass = 0;    ///< transfers submitted from inside a reaper pass, posted by that pass
   std::uint64_t context_less_errors = 0;  ///< error entries without an operation (endpoint faults)
   std::uint64_t queue_errors = 0;         ///< fi_cq_read failures that name no operation
   std::uint64_t registrations = 0;        ///< fi_mr_reg calls for local operands and pinned regions
@@ -74,6 +75,13 @@ class Engine {
   virtual const Configuration& configuration() const noexcept = 0;
   /// The strand every libfabric call of this engine runs on (for setup posts, not the hot path).
   virtual asio::any_io_executor strand() const noexcept = 0;
+
+  /// Runs hook(context) on the strand after every CQ drain that finished at least one transfer,
+  /// before the pass posts: a transfer submitted from inside the hook joins that same pass (no
+  /// lock, no strand post). It must not throw. Set it before the first submit; one hook per engine.
+  virtual void set_drain_hook(void (*hook)(void*), void* context) noexcept = 0;
+  /// True while the calling thread is inside a CQ drain of this engine, i.e. a drain hook follows.
+  virtual bool draining() const noexcept = 0;
 };
 
 }  // namespace detail

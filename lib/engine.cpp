@@ -546,8 +546,8 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
   void schedule_progress() {
     if (closed_) return;
     if (idle()) {
-      if (stopping_) close();
-      return;
+      if (stopping_) return close();
+      return release_waits();
     }
     if (in_flight_ == 0) return arm_backstop(std::chrono::milliseconds(1));  // all stalled on EAGAIN
     if (configuration_.wait_mode == WaitMode::busy_poll || !descriptor_) return schedule_poll();
@@ -596,13 +596,30 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
     if (reap() != 0) {
       armed_late_.add();
       post_pending();
+      if (idle()) return release_waits();  // that read finished the last transfer
     }
     arm_backstop(configuration_.backstop_interval);
   }
 
+  // An idle engine keeps nothing pending on the executor, so io_context::run() returns as soon as
+  // the last transfer completes (the backstop would hold it up to backstop_interval, a wait on a
+  // silent fd for ever). The flags drop at once: a cancelled handler that runs after a re-arm
+  // must not clear the new arm's flag, so aborted handlers touch nothing.
+  void release_waits() {
+    if (backstop_armed_) {
+      backstop_armed_ = false;
+      backstop_.cancel();
+    }
+    if (wait_armed_) {
+      wait_armed_ = false;
+      descriptor_->cancel();
+    }
+  }
+
   void on_wake(std::error_code ec) {
+    if (ec == asio::error::operation_aborted) return;
     wait_armed_ = false;
-    if (ec == asio::error::operation_aborted || closed_) return;
+    if (closed_) return;
     fd_wakeups_.add();
     progress();
   }
@@ -615,8 +632,9 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
   }
 
   void on_backstop(std::error_code ec) {
+    if (ec == asio::error::operation_aborted) return;
     backstop_armed_ = false;
-    if (ec == asio::error::operation_aborted || closed_) return;
+    if (closed_) return;
     // Completions that sat in the CQ while the fd wait was armed for a whole interval, with the fd
     // silent, mean a wake-up was lost. Completions found sooner, or while the fd is readable (its
     // wake-up is on its way to the strand, only slower than this timer), were merely beaten to it.

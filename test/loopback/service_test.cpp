@@ -472,3 +472,39 @@ TEST_CASE("a service destroyed while it polls completes everything and never rea
     }
   }
 }
+
+TEST_CASE("an idle service keeps nothing pending: io_context::run() returns with the last completion",
+          "[loopback][idle]") {
+  // With the backstop at 5 s, a timer (or an fd wait) left armed after the last transfer would hold
+  // run() for seconds; released at idle, run() returns at once. The bound is 100 times the margin.
+  test::RemoteBuffer remote(64 * 16);
+  for (const auto mode : {dma::WaitMode::fd, dma::WaitMode::adaptive, dma::WaitMode::busy_poll}) {
+    for (const int depth : {1, 16}) {
+      asio::io_context io;
+      auto configuration = test::loopback_configuration();
+      configuration.wait_mode = mode;
+      configuration.backstop_interval = std::chrono::seconds(5);
+      Service service(io, configuration);
+      int completed = 0, failures = 0;
+      std::chrono::steady_clock::time_point last;
+      std::function<void(int)> lane = [&](int index) {
+        service.submit(remote.request(Direction::ToPeer, test::Payload{test::pattern(64, index)}, 0, (index % 16) * 64),
+                       [&, index](dma::Completion<test::Payload> c) {
+                         if (!c.outcome) ++failures;
+                         last = std::chrono::steady_clock::now();
+                         if (++completed + depth <= 200) lane(index + depth);
+                       });
+      };
+      for (int i = 0; i < depth; ++i)
+        lane(i);
+      io.run_for(std::chrono::seconds(30));  // returns early once nothing is pending
+      const auto returned = std::chrono::steady_clock::now();
+      INFO("wait mode " << static_cast<int>(mode) << ", depth " << depth);
+      REQUIRE(completed == 200);
+      CHECK(failures == 0);
+      CHECK(service.outstanding() == 0);
+      CHECK(returned - last < std::chrono::milliseconds(500));
+      CHECK(io.stopped());
+    }
+  }
+}

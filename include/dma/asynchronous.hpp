@@ -24,6 +24,7 @@
 #include <asio/use_awaitable.hpp>
 
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <system_error>
@@ -43,12 +44,15 @@ struct TransferOp final : Operation {
   using Allocator = typename std::allocator_traits<
       asio::associated_allocator_t<Handler, PoolAllocator<void>>>::template rebind_alloc<TransferOp>;
 
-  TransferOp(Handler&& handler_in, const IoExecutor& io_executor)
-      : handler(std::move(handler_in)),
-        work(asio::prefer(asio::get_associated_executor(handler, io_executor),
-                          asio::execution::outstanding_work.tracked)),
-        direct(same_executor(asio::get_associated_executor(handler, io_executor), io_executor)) {
+  // A handler on the service's own executor needs no work guard of its own: while a transfer is
+  // outstanding the engine always has a handler pending on a strand of that executor (the intake,
+  // a poll, an armed wait or the backstop), which keeps its run() from returning, and an idle
+  // engine holds nothing. Other executors get the guard asio's rules ask for.
+  TransferOp(Handler&& handler_in, const IoExecutor& io_executor) : handler(std::move(handler_in)) {
     functions = &table;
+    auto executor = asio::get_associated_executor(handler, io_executor);
+    direct = same_executor(executor, io_executor);
+    if (!direct) work.emplace(asio::prefer(executor, asio::execution::outstanding_work.tracked));
   }
 
   static bool same_executor(const HandlerExecutor& a, const IoExecutor& b) noexcept {
@@ -114,13 +118,15 @@ struct TransferOp final : Operation {
     auto slot = asio::get_associated_cancellation_slot(op->handler);
     if (slot.is_connected()) slot.clear();
     Handler handler(std::move(op->handler));
-    WorkExecutor work(std::move(op->work));
     Completion<Context> completion{std::move(op->caller_context), std::move(outcome)};
-    const bool direct = op->direct;
+    if (op->direct) {
+      // The engine completes on a thread running the service's executor: a handler bound to that
+      // same executor runs here, as asio::dispatch would run it, minus the type-erased wrapper.
+      free(op);
+      return std::move(handler)(std::move(completion));
+    }
+    WorkExecutor work(std::move(*op->work));
     free(op);
-    // The engine completes on a thread running the service's executor: a handler bound to that
-    // same executor runs here, as asio::dispatch would run it, minus the type-erased wrapper.
-    if (direct) return std::move(handler)(std::move(completion));
     asio::dispatch(work, [handler = std::move(handler), completion = std::move(completion)]() mutable {
       std::move(handler)(std::move(completion));
     });
@@ -132,8 +138,8 @@ struct TransferOp final : Operation {
 
   Context caller_context{};
   Handler handler;
-  WorkExecutor work;
-  bool direct;  ///< the handler's executor is the service's own
+  std::optional<WorkExecutor> work;  ///< only when the handler runs on another executor
+  bool direct = false;               ///< the handler's executor is the service's own
 };
 
 /// Installed in a handler's cancellation slot: cancels the operation while it is not yet posted.

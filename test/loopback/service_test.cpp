@@ -2,6 +2,7 @@
 #include "fixture.hpp"
 
 #include <asio/bind_cancellation_slot.hpp>
+#include <asio/bind_executor.hpp>
 #include <asio/cancellation_signal.hpp>
 #include <asio/use_awaitable.hpp>
 
@@ -338,6 +339,35 @@ TEST_CASE("a submission from a foreign thread completes on the service's executo
   CHECK(ok);
   CHECK(thread == io_thread);
   CHECK(test::same(remote.memory(), test::pattern(4096, 9)));
+}
+
+TEST_CASE("a handler bound to another executor runs there, and that executor's run() waits for it",
+          "[loopback][threads]") {
+  // The transfer holds work on the handler's own executor: `other` has nothing else to do, so
+  // without that guard its run() would return before the completion arrived.
+  test::RemoteBuffer remote(4096);
+  asio::io_context io, other;
+  Service service(io, test::loopback_configuration());
+  auto work = asio::make_work_guard(io);
+  std::thread runner([&] { io.run(); });
+
+  bool ok = false, ran = false;
+  std::thread::id ran_on;
+  service.submit(remote.request(Direction::ToPeer, test::Payload{test::pattern(4096, 5)}),
+                 asio::bind_executor(other, [&](dma::Completion<test::Payload> c) {
+                   ok = c.outcome.ok();
+                   ran = true;
+                   ran_on = std::this_thread::get_id();
+                 }));
+  other.run_for(std::chrono::seconds(20));  // returns once the handler has run: no work is left
+  service.close();
+  work.reset();
+  runner.join();
+
+  REQUIRE(ran);
+  CHECK(ok);
+  CHECK(ran_on == std::this_thread::get_id());
+  CHECK(test::same(remote.memory(), test::pattern(4096, 5)));
 }
 
 TEST_CASE("the service works on an io_context run by several threads", "[loopback][threads]") {

@@ -441,7 +441,7 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
         cq_reads_.add();
         for (ssize_t i = 0; i < n; ++i) {
           --in_flight_;
-          finish(Operation::from_context(entries_[static_cast<std::size_t>(i)].op_context), {});
+          succeed(Operation::from_context(entries_[static_cast<std::size_t>(i)].op_context));
         }
         finished += static_cast<std::size_t>(n);
         if (static_cast<std::size_t>(n) < entries_.size()) return finished;
@@ -482,16 +482,21 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
 
   // Every accepted operation ends here exactly once.
   void finish(Operation* op, std::error_code ec, int provider_errno = 0, std::string detail = {}) {
+    if (!ec) return succeed(op);
     op->lease.reset();
     settle(op->client_id);
     outstanding_.fetch_sub(1, std::memory_order_relaxed);
-    if (ec) {
-      failed_.add();
-      op->functions->complete(op, Outcome(ec, provider_errno, std::move(detail)));
-    } else {
-      completed_.add();
-      op->functions->complete(op, Outcome(TransferDone{op->length, std::nullopt}));
-    }
+    failed_.add();
+    op->functions->complete(op, Outcome(ec, provider_errno, std::move(detail)));
+  }
+
+  // A CQ entry's completion: the hot path, with no error code or detail to build.
+  void succeed(Operation* op) {
+    op->lease.reset();
+    settle(op->client_id);
+    outstanding_.fetch_sub(1, std::memory_order_relaxed);
+    completed_.add();
+    op->functions->complete(op, Outcome(TransferDone{op->length, std::nullopt}));
   }
 
   void fail(Operation* op, std::error_code ec) {

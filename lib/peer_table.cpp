@@ -36,10 +36,18 @@ PeerTable::PeerTable(std::uint32_t addr_format, InsertFn insert, RemoveFn remove
 PeerTable::~PeerTable() = default;
 
 fi_addr_t PeerTable::insert(std::uint64_t client_id, std::span<const std::uint8_t> address, std::error_code& ec) {
-  ec.clear();
+  if (ec) ec.clear();
   // Hot path, taken on every post: the bytes match what the client holds, so their length was checked.
+  if (last_entry_ != nullptr && client_id == last_client_ && same_bytes(last_entry_->address, address)) {
+    return last_entry_->handle;
+  }
   auto held = by_client_.find(client_id);
-  if (held != by_client_.end() && same_bytes(held->second->address, address)) return held->second->handle;
+  if (held != by_client_.end() && same_bytes(held->second->address, address)) {
+    last_client_ = client_id;
+    last_entry_ = held->second;
+    return held->second->handle;
+  }
+  last_entry_ = nullptr;  // whatever follows may rebind clients or erase entries
   if (efa_ && address.size() != efa_address_bytes) {
     ec = make_error_code(errc::address_length);
     return FI_ADDR_NOTAVAIL;
@@ -54,6 +62,7 @@ fi_addr_t PeerTable::insert(std::uint64_t client_id, std::span<const std::uint8_
 }
 
 void PeerTable::release(std::uint64_t client_id) {
+  last_entry_ = nullptr;
   auto held = by_client_.find(client_id);
   if (held == by_client_.end()) return;
   Entry& entry = *held->second;
@@ -62,6 +71,7 @@ void PeerTable::release(std::uint64_t client_id) {
 }
 
 void PeerTable::clear() {
+  last_entry_ = nullptr;
   // Emptied before RemoveFn runs, so the table is consistent whatever the callee does.
   by_client_.clear();
   for (auto& [identity, entry] : std::exchange(by_identity_, {}))

@@ -79,6 +79,10 @@ class PeerTable {
   ByIdentity by_identity_;  ///< identity → the live entry with that identity (at most one)
   std::unordered_map<std::uint64_t, Entry*> by_client_;
   std::uint64_t evictions_ = 0;
+  /// The binding the last insert() hit (a steady client posts to one peer): spares the hash
+  /// lookup. Dropped by every change to the bindings or the entries.
+  std::uint64_t last_client_ = 0;
+  Entry* last_entry_ = nullptr;
 };
 
 }  // namespace dma::detail

@@ -151,6 +151,28 @@ TEST_CASE("re-asking for the same address holds one reference", "[peers]") {
   CHECK(av.removed.empty());
 }
 
+TEST_CASE("the remembered last binding never outlives its entry", "[peers]") {
+  // insert() remembers the binding it last hit; releasing, rebinding or clearing must forget it.
+  FakeAv av;
+  auto table = av.table(opaque);
+  const fi_addr_t first = insert_ok(table, 1, opaque_address(1));
+  CHECK(insert_ok(table, 1, opaque_address(1)) == first);  // the remembered hit
+  table.release(1);
+  CHECK(av.removed == std::vector<fi_addr_t>{first});
+  const fi_addr_t second = insert_ok(table, 1, opaque_address(1));  // a fresh AV entry, not the dead one
+  CHECK(second != first);
+  CHECK(av.inserted.size() == 2);
+  const fi_addr_t other = insert_ok(table, 1, opaque_address(2));  // rebinding drops the old entry
+  CHECK(av.removed == std::vector<fi_addr_t>{first, second});
+  CHECK(insert_ok(table, 1, opaque_address(2)) == other);
+  table.clear();
+  CHECK(insert_ok(table, 1, opaque_address(2)) != other);
+  CHECK(av.inserted.size() == 4);
+  std::error_code ec = make_error_code(dma::errc::address_length);  // a stale error is cleared on success
+  (void)table.insert(1, opaque_address(2), ec);
+  CHECK_FALSE(ec);
+}
+
 TEST_CASE("rebinding a client to a new address releases its old entry", "[peers]") {
   FakeAv av;
   auto table = av.table(opaque);

@@ -108,7 +108,7 @@ class LocalBuffer {
 };
 
 // What shapes the numbers besides the library: printed with every report. Over loopback the
-// kernel's congestion control matters most (bbr paces the sender; cubic does not).
+// kernel's congestion control sets the level (cubic runs 1 MiB writes ~1.7x faster than bbr here).
 std::string environment_line(const std::string& provider) {
   auto first_line = [](const char* path) {
     std::FILE* file = std::fopen(path, "r");

@@ -629,10 +629,16 @@ struct Row {
   bool library_missing = false, raw_missing = false;  ///< --only: one side did not run
 };
 
-Row summarise(const Point& point, const std::vector<Sample>& samples, const std::vector<Sample>& raw) {
-  Row row{point};
-  std::vector<double> gbps, mops, cpu_i, cpu_t, p50, p99, raw_gbps, raw_mops, raw_p50, raw_cpu_i, raw_cpu_t;
-  for (auto s : samples) {
+// The medians of one side's runs at a point (CPU is seconds per GiB moved).
+struct Medians {
+  double gbps = 0, mops = 0, cpu_init = 0, cpu_target = 0, p50 = 0, p99 = 0;
+  std::uint64_t errors = 0;
+};
+
+Medians medians_of(const Point& point, const std::vector<Sample>& runs) {
+  std::vector<double> gbps, mops, cpu_i, cpu_t, p50, p99;
+  Medians m;
+  for (auto s : runs) {  // a copy: percentile() sorts the latencies
     const double bytes = static_cast<double>(s.transfers) * static_cast<double>(point.size);
     gbps.push_back(bytes / s.seconds / 1e9);
     mops.push_back(static_cast<double>(s.transfers) / s.seconds / 1e6);
@@ -641,28 +647,32 @@ Row summarise(const Point& point, const std::vector<Sample>& samples, const std:
     cpu_t.push_back(gib > 0 ? s.cpu_target / gib : 0);
     p50.push_back(percentile(s.latencies_us, 0.5));
     p99.push_back(percentile(s.latencies_us, 0.99));
-    row.errors += s.errors;
+    m.errors += s.errors;
   }
-  for (auto s : raw) {
-    raw_gbps.push_back(static_cast<double>(s.transfers) * static_cast<double>(point.size) / s.seconds / 1e9);
-    raw_mops.push_back(static_cast<double>(s.transfers) / s.seconds / 1e6);
-    raw_p50.push_back(percentile(s.latencies_us, 0.5));
-    const double gib =
-        static_cast<double>(s.transfers) * static_cast<double>(point.size) / static_cast<double>(1u << 30);
-    raw_cpu_i.push_back(gib > 0 ? s.cpu_initiator / gib : 0);
-    raw_cpu_t.push_back(gib > 0 ? s.cpu_target / gib : 0);
-  }
-  row.gbps = median(gbps);
-  row.mops = median(mops);
-  row.cpu_init = median(cpu_i);
-  row.cpu_target = median(cpu_t);
-  row.p50 = median(p50);
-  row.p99 = median(p99);
-  row.raw_gbps = median(raw_gbps);
-  row.raw_mops = median(raw_mops);
-  row.raw_p50 = median(raw_p50);
-  row.raw_cpu_init = median(raw_cpu_i);
-  row.raw_cpu_target = median(raw_cpu_t);
+  m.gbps = median(gbps);
+  m.mops = median(mops);
+  m.cpu_init = median(cpu_i);
+  m.cpu_target = median(cpu_t);
+  m.p50 = median(p50);
+  m.p99 = median(p99);
+  return m;
+}
+
+Row summarise(const Point& point, const std::vector<Sample>& samples, const std::vector<Sample>& raw) {
+  Row row{point};
+  const Medians lib = medians_of(point, samples), base = medians_of(point, raw);
+  row.gbps = lib.gbps;
+  row.mops = lib.mops;
+  row.cpu_init = lib.cpu_init;
+  row.cpu_target = lib.cpu_target;
+  row.p50 = lib.p50;
+  row.p99 = lib.p99;
+  row.errors = lib.errors;
+  row.raw_gbps = base.gbps;
+  row.raw_mops = base.mops;
+  row.raw_p50 = base.p50;
+  row.raw_cpu_init = base.cpu_init;
+  row.raw_cpu_target = base.cpu_target;
   row.runs = static_cast<int>(samples.size());
   row.library_missing = samples.empty();
   row.raw_missing = raw.empty();

@@ -25,6 +25,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <cstdio>
 #include <cstring>
@@ -35,6 +36,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 extern char** environ;
@@ -619,11 +621,30 @@ double percentile(std::vector<double>& values, double p) {
   return values[std::min(values.size() - 1, static_cast<std::size_t>(p * static_cast<double>(values.size())))];
 }
 
+// A distribution-free 95 % confidence interval for the median of `values`: the k-th smallest and
+// k-th largest value, with k the largest rank such that P(Binomial(n, 1/2) < k) <= 2.5 %. It holds
+// for any distribution of independent runs; below 6 values no such k exists and {0, 0} comes back.
+std::pair<double, double> median_interval(std::vector<double> values) {
+  const std::size_t n = values.size();
+  double tail = 0, term = std::pow(0.5, static_cast<double>(n));  // P(X = 0)
+  std::size_t k = 0;
+  for (std::size_t j = 0; j < n; ++j) {  // tail = P(X <= j)
+    tail += term;
+    if (tail > 0.025) break;
+    k = j + 1;
+    term *= static_cast<double>(n - j) / static_cast<double>(j + 1);
+  }
+  if (k == 0) return {0, 0};
+  std::sort(values.begin(), values.end());
+  return {values[k - 1], values[n - k]};
+}
+
 struct Row {
   Point point;
   double gbps = 0, mops = 0, cpu_init = 0, cpu_target = 0, p50 = 0, p99 = 0;
   double raw_gbps = 0, raw_mops = 0, raw_p50 = 0, raw_cpu_init = 0, raw_cpu_target = 0;
   double ratio = 0;  ///< median of the per-pair ratios (bandwidth from 64 KiB up, transfer rate below)
+  double ratio_low = 0, ratio_high = 0;  ///< its 95 % confidence interval (0, 0: fewer than 6 pairs)
   std::uint64_t errors = 0;
   int runs = 0;
   bool library_missing = false, raw_missing = false;  ///< --only: one side did not run
@@ -684,15 +705,16 @@ Row summarise(const Point& point, const std::vector<Sample>& samples, const std:
     if (raw_rate > 0) ratios.push_back(lib_rate / raw_rate);
   }
   row.ratio = median(ratios);
+  std::tie(row.ratio_low, row.ratio_high) = median_interval(ratios);
   return row;
 }
 
 const char* direction_text(dma::Direction d) { return d == dma::Direction::ToPeer ? "write" : "read"; }
 
 void print_table(const std::vector<Row>& rows, bool child_target) {
-  std::printf("%-9s %-5s %6s %5s %-8s %9s %9s %9s %9s %9s %9s %9s %9s %8s\n", "api", "dir", "size", "depth", "wait",
-              "GB/s", "Mxfer/s", "cpu-i/GiB", child_target ? "cpu-t/GiB" : "", "p50 us", "p99 us", "raw GB/s",
-              "raw cpu-i", "lib/raw");
+  std::printf("%-9s %-5s %6s %5s %-8s %9s %9s %9s %9s %9s %9s %9s %9s %8s %12s\n", "api", "dir", "size", "depth",
+              "wait", "GB/s", "Mxfer/s", "cpu-i/GiB", child_target ? "cpu-t/GiB" : "", "p50 us", "p99 us", "raw GB/s",
+              "raw cpu-i", "lib/raw", "95% CI");
   for (const auto& r : rows) {
     const double ratio = r.ratio;
     char p50[16] = "-", p99[16] = "-", cpu_t[16] = "";
@@ -711,11 +733,16 @@ void print_table(const std::vector<Row>& rows, bool child_target) {
       std::snprintf(mops, sizeof mops, "%.4f", r.mops);
       std::snprintf(cpu_i, sizeof cpu_i, "%.3f", r.cpu_init);
     }
-    if (!r.raw_missing && !r.library_missing) std::snprintf(ratio_text, sizeof ratio_text, "%.3f", ratio);
+    char interval[32] = "-";
+    if (!r.raw_missing && !r.library_missing) {
+      std::snprintf(ratio_text, sizeof ratio_text, "%.3f", ratio);
+      if (r.ratio_high > 0) std::snprintf(interval, sizeof interval, "%.3f-%.3f", r.ratio_low, r.ratio_high);
+    }
     if (r.library_missing || !child_target) cpu_t[0] = '\0';
-    std::printf("%-9s %-5s %6s %5d %-8s %9s %9s %9s %9s %9s %9s %9s %9s %8s%s\n", r.point.api.c_str(),
+    std::printf("%-9s %-5s %6s %5d %-8s %9s %9s %9s %9s %9s %9s %9s %9s %8s %12s%s\n", r.point.api.c_str(),
                 direction_text(r.point.direction), size_text(r.point.size).c_str(), r.point.depth, r.point.wait.c_str(),
-                gbps, mops, cpu_i, cpu_t, p50, p99, raw_gbps, raw_cpu, ratio_text, r.errors != 0 ? "  ERRORS" : "");
+                gbps, mops, cpu_i, cpu_t, p50, p99, raw_gbps, raw_cpu, ratio_text, interval,
+                r.errors != 0 ? "  ERRORS" : "");
   }
 }
 
@@ -723,15 +750,17 @@ void print_json(const std::vector<Row>& rows) {
   std::printf("[\n");
   for (std::size_t i = 0; i < rows.size(); ++i) {
     const auto& r = rows[i];
+    char interval[48] = "null";  // fewer than 6 pairs: no 95 % interval exists
+    if (r.ratio_high > 0) std::snprintf(interval, sizeof interval, "[%.4f, %.4f]", r.ratio_low, r.ratio_high);
     std::printf(
         "  {\"api\": \"%s\", \"direction\": \"%s\", \"size\": %zu, \"depth\": %d, \"wait\": \"%s\", \"runs\": %d, "
         "\"gbps\": %.6f, \"mtransfers_per_s\": %.6f, \"cpu_initiator_s_per_gib\": %.6f, "
         "\"cpu_target_s_per_gib\": %.6f, \"p50_us\": %.3f, \"p99_us\": %.3f, \"raw_gbps\": %.6f, "
         "\"raw_mtransfers_per_s\": %.6f, \"raw_p50_us\": %.3f, \"raw_cpu_initiator_s_per_gib\": %.6f, "
-        "\"raw_cpu_target_s_per_gib\": %.6f, \"ratio\": %.4f, \"errors\": %llu}%s\n",
+        "\"raw_cpu_target_s_per_gib\": %.6f, \"ratio\": %.4f, \"ratio_ci95\": %s, \"errors\": %llu}%s\n",
         r.point.api.c_str(), direction_text(r.point.direction), r.point.size, r.point.depth, r.point.wait.c_str(),
         r.runs, r.gbps, r.mops, r.cpu_init, r.cpu_target, r.p50, r.p99, r.raw_gbps, r.raw_mops, r.raw_p50,
-        r.raw_cpu_init, r.raw_cpu_target, r.ratio, static_cast<unsigned long long>(r.errors),
+        r.raw_cpu_init, r.raw_cpu_target, r.ratio, interval, static_cast<unsigned long long>(r.errors),
         i + 1 < rows.size() ? "," : "");
   }
   std::printf("]\n");

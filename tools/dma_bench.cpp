@@ -639,21 +639,19 @@ std::pair<double, double> median_interval(std::vector<double> values) {
   return {values[k - 1], values[n - k]};
 }
 
-struct Row {
-  Point point;
-  double gbps = 0, mops = 0, cpu_init = 0, cpu_target = 0, p50 = 0, p99 = 0;
-  double raw_gbps = 0, raw_mops = 0, raw_p50 = 0, raw_cpu_init = 0, raw_cpu_target = 0;
-  double ratio = 0;  ///< median of the per-pair ratios (bandwidth from 64 KiB up, transfer rate below)
-  double ratio_low = 0, ratio_high = 0;  ///< its 95 % confidence interval (0, 0: fewer than 6 pairs)
-  std::uint64_t errors = 0;
-  int runs = 0;
-  bool library_missing = false, raw_missing = false;  ///< --only: one side did not run
-};
-
 // The medians of one side's runs at a point (CPU is seconds per GiB moved).
 struct Medians {
   double gbps = 0, mops = 0, cpu_init = 0, cpu_target = 0, p50 = 0, p99 = 0;
   std::uint64_t errors = 0;
+};
+
+struct Row {
+  Point point;
+  Medians lib, raw;  ///< the measured side (library or A/A control) and the raw loop beside it
+  double ratio = 0;  ///< median of the per-pair ratios (bandwidth from 64 KiB up, transfer rate below)
+  double ratio_low = 0, ratio_high = 0;  ///< its 95 % confidence interval (0, 0: fewer than 6 pairs)
+  int runs = 0;
+  bool library_missing = false, raw_missing = false;  ///< --only: one side did not run
 };
 
 Medians medians_of(const Point& point, const std::vector<Sample>& runs) {
@@ -680,20 +678,7 @@ Medians medians_of(const Point& point, const std::vector<Sample>& runs) {
 }
 
 Row summarise(const Point& point, const std::vector<Sample>& samples, const std::vector<Sample>& raw) {
-  Row row{point};
-  const Medians lib = medians_of(point, samples), base = medians_of(point, raw);
-  row.gbps = lib.gbps;
-  row.mops = lib.mops;
-  row.cpu_init = lib.cpu_init;
-  row.cpu_target = lib.cpu_target;
-  row.p50 = lib.p50;
-  row.p99 = lib.p99;
-  row.errors = lib.errors;
-  row.raw_gbps = base.gbps;
-  row.raw_mops = base.mops;
-  row.raw_p50 = base.p50;
-  row.raw_cpu_init = base.cpu_init;
-  row.raw_cpu_target = base.cpu_target;
+  Row row{point, medians_of(point, samples), medians_of(point, raw)};
   row.runs = static_cast<int>(samples.size());
   row.library_missing = samples.empty();
   row.raw_missing = raw.empty();
@@ -719,19 +704,19 @@ void print_table(const std::vector<Row>& rows, bool child_target) {
     const double ratio = r.ratio;
     char p50[16] = "-", p99[16] = "-", cpu_t[16] = "";
     if (r.point.depth == 1 && !r.library_missing) {
-      std::snprintf(p50, sizeof p50, "%.1f", r.p50);
-      std::snprintf(p99, sizeof p99, "%.1f", r.p99);
+      std::snprintf(p50, sizeof p50, "%.1f", r.lib.p50);
+      std::snprintf(p99, sizeof p99, "%.1f", r.lib.p99);
     }
-    if (child_target) std::snprintf(cpu_t, sizeof cpu_t, "%.3f", r.cpu_target);
+    if (child_target) std::snprintf(cpu_t, sizeof cpu_t, "%.3f", r.lib.cpu_target);
     char raw_gbps[16] = "-", raw_cpu[16] = "-", ratio_text[16] = "-", gbps[16] = "-", mops[16] = "-", cpu_i[16] = "-";
     if (!r.raw_missing) {
-      std::snprintf(raw_gbps, sizeof raw_gbps, "%.3f", r.raw_gbps);
-      std::snprintf(raw_cpu, sizeof raw_cpu, "%.3f", r.raw_cpu_init);
+      std::snprintf(raw_gbps, sizeof raw_gbps, "%.3f", r.raw.gbps);
+      std::snprintf(raw_cpu, sizeof raw_cpu, "%.3f", r.raw.cpu_init);
     }
     if (!r.library_missing) {
-      std::snprintf(gbps, sizeof gbps, "%.3f", r.gbps);
-      std::snprintf(mops, sizeof mops, "%.4f", r.mops);
-      std::snprintf(cpu_i, sizeof cpu_i, "%.3f", r.cpu_init);
+      std::snprintf(gbps, sizeof gbps, "%.3f", r.lib.gbps);
+      std::snprintf(mops, sizeof mops, "%.4f", r.lib.mops);
+      std::snprintf(cpu_i, sizeof cpu_i, "%.3f", r.lib.cpu_init);
     }
     char interval[32] = "-";
     if (!r.raw_missing && !r.library_missing) {
@@ -742,7 +727,7 @@ void print_table(const std::vector<Row>& rows, bool child_target) {
     std::printf("%-9s %-5s %6s %5d %-8s %9s %9s %9s %9s %9s %9s %9s %9s %8s %12s%s\n", r.point.api.c_str(),
                 direction_text(r.point.direction), size_text(r.point.size).c_str(), r.point.depth, r.point.wait.c_str(),
                 gbps, mops, cpu_i, cpu_t, p50, p99, raw_gbps, raw_cpu, ratio_text, interval,
-                r.errors != 0 ? "  ERRORS" : "");
+                r.lib.errors != 0 ? "  ERRORS" : "");
   }
 }
 
@@ -759,8 +744,8 @@ void print_json(const std::vector<Row>& rows) {
         "\"raw_mtransfers_per_s\": %.6f, \"raw_p50_us\": %.3f, \"raw_cpu_initiator_s_per_gib\": %.6f, "
         "\"raw_cpu_target_s_per_gib\": %.6f, \"ratio\": %.4f, \"ratio_ci95\": %s, \"errors\": %llu}%s\n",
         r.point.api.c_str(), direction_text(r.point.direction), r.point.size, r.point.depth, r.point.wait.c_str(),
-        r.runs, r.gbps, r.mops, r.cpu_init, r.cpu_target, r.p50, r.p99, r.raw_gbps, r.raw_mops, r.raw_p50,
-        r.raw_cpu_init, r.raw_cpu_target, r.ratio, interval, static_cast<unsigned long long>(r.errors),
+        r.runs, r.lib.gbps, r.lib.mops, r.lib.cpu_init, r.lib.cpu_target, r.lib.p50, r.lib.p99, r.raw.gbps, r.raw.mops,
+        r.raw.p50, r.raw.cpu_init, r.raw.cpu_target, r.ratio, interval, static_cast<unsigned long long>(r.lib.errors),
         i + 1 < rows.size() ? "," : "");
   }
   std::printf("]\n");
@@ -940,7 +925,7 @@ int main(int argc, char** argv) {
     }
     std::uint64_t errors = 0;
     for (const auto& row : rows)
-      errors += row.errors;
+      errors += row.lib.errors;
     if (errors != 0) {  // a benchmark whose transfers failed measured nothing
       std::fprintf(stderr, "dma-bench: %llu transfers failed\n", static_cast<unsigned long long>(errors));
       return 2;

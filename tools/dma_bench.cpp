@@ -11,9 +11,11 @@
 #include <rdma/fi_eq.h>
 #include <rdma/fi_errno.h>
 #include <rdma/fi_rma.h>
+#include <sched.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -80,6 +82,17 @@ dma::WaitMode wait_mode(const std::string& name) {
   throw std::invalid_argument("unknown wait mode " + name);
 }
 
+// Binds the calling thread, and every thread it starts afterwards, to one CPU (`--pin`).
+void pin_to(int cpu) {
+  if (cpu < 0) return;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  if (sched_setaffinity(0, sizeof set, &set) != 0) {
+    throw std::system_error(errno, std::generic_category(), "sched_setaffinity to CPU " + std::to_string(cpu));
+  }
+}
+
 // The initiator's buffers: plain pages, or (--hugepages) 2 MiB-aligned memory that the kernel is
 // asked to back with transparent huge pages.
 class LocalBuffer {
@@ -132,7 +145,8 @@ std::string environment_line(const std::string& provider) {
 
 // `--serve`: expose a region, print its advertisement, answer "cpu" with this process's CPU time,
 // exit on end of input.
-int serve(const std::string& bind, std::size_t region_size, const std::string& wait) {
+int serve(const std::string& bind, std::size_t region_size, const std::string& wait, int cpu) {
+  pin_to(cpu);
   dma::Configuration configuration;
   configuration.bind = bind;
   configuration.wait_mode = wait_mode(wait);
@@ -158,7 +172,8 @@ int serve(const std::string& bind, std::size_t region_size, const std::string& w
 // The target as a child process, spoken to over pipes.
 class ChildTarget {
  public:
-  ChildTarget(const std::string& self, const std::string& bind, std::size_t region_size, const std::string& wait) {
+  ChildTarget(const std::string& self, const std::string& bind, std::size_t region_size, const std::string& wait,
+              int cpu) {
     int to_child[2], from_child[2];
     if (pipe(to_child) != 0 || pipe(from_child) != 0) throw std::runtime_error("pipe failed");
     posix_spawn_file_actions_t actions;
@@ -168,7 +183,8 @@ class ChildTarget {
     posix_spawn_file_actions_addclose(&actions, to_child[1]);
     posix_spawn_file_actions_addclose(&actions, from_child[0]);
     std::vector<std::string> args = {
-        self, "--serve", "--bind", bind, "--region", std::to_string(region_size), "--target-wait", wait};
+        self, "--serve",     "--bind",           bind, "--region", std::to_string(region_size), "--target-wait",
+        wait, "--serve-cpu", std::to_string(cpu)};
     std::vector<char*> argv;
     for (auto& a : args)
       argv.push_back(a.data());
@@ -220,12 +236,15 @@ class ChildTarget {
 // The target on a thread of this process (its CPU then shows up in the initiator's).
 class InProcessTarget {
  public:
-  InProcessTarget(const std::string& bind, std::size_t region_size, const std::string& wait)
+  InProcessTarget(const std::string& bind, std::size_t region_size, const std::string& wait, int cpu)
       : target_(io_, configuration(bind, wait)),
         region_(region_size, std::byte{0x5a}),
         work_(asio::make_work_guard(io_)) {
     exposed_ = target_.expose(region_);
-    thread_ = std::thread([this] { io_.run(); });
+    thread_ = std::thread([this, cpu] {
+      pin_to(cpu);
+      io_.run();
+    });
   }
   ~InProcessTarget() {
     work_.reset();
@@ -773,7 +792,8 @@ int main(int argc, char** argv) {
   double duration = 0.2;
   bool json = false, serve_mode = false, hugepages = false;
   std::size_t region = 0;
-  std::string only;
+  std::string only, pin;
+  int serve_cpu = -1;
   app.add_option("--sizes", sizes, "transfer sizes, comma-separated (K, M suffixes)")->capture_default_str();
   app.add_option("--directions", directions, "write, read")->capture_default_str();
   app.add_option("--depths", depths, "transfers in flight")->capture_default_str();
@@ -797,12 +817,36 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"library", "raw"}));
   app.add_flag("--hugepages", hugepages, "back the initiator's buffers with transparent huge pages");
   app.add_flag("--json", json, "print JSON instead of a table");
+  app.add_option("--pin", pin,
+                 "I,T: run the initiator on CPU I and the target on CPU T (both sides of every pair alike), "
+                 "which takes the scheduler's placement out of the comparison");
+  app.add_option("--serve-cpu", serve_cpu, "internal: the target process's CPU");
   app.add_flag("--serve", serve_mode, "internal: run as the target process");
   app.add_option("--region", region, "internal: bytes the target exposes");
   CLI11_PARSE(app, argc, argv);
 
   try {
-    if (serve_mode) return serve(bind, region, target_wait);
+    // Named threads, so that profilers tell the two processes (and their threads) apart.
+    prctl(PR_SET_NAME, serve_mode ? "bench-target" : "bench-initiator");
+    if (serve_mode) return serve(bind, region, target_wait, serve_cpu);
+    int initiator_cpu = -1, target_cpu = -1;
+    if (!pin.empty()) {
+      const auto cpus = split(pin);
+      if (cpus.size() != 2) throw std::invalid_argument("--pin takes two CPUs, initiator,target: " + pin);
+      auto cpu = [&](const std::string& text) {
+        std::size_t end = 0;
+        int value = -1;
+        try {
+          value = std::stoi(text, &end);
+        } catch (const std::exception&) {
+          end = 0;
+        }
+        if (end != text.size() || value < 0) throw std::invalid_argument("--pin: not a CPU number: " + text);
+        return value;
+      };
+      initiator_cpu = cpu(cpus[0]);
+      target_cpu = cpu(cpus[1]);
+    }
 
     std::vector<std::size_t> size_list;
     for (const auto& s : split(sizes))
@@ -822,10 +866,11 @@ int main(int argc, char** argv) {
     const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
     if (target == "child") {
       child = std::make_unique<ChildTarget>(std::string(self, static_cast<std::size_t>(std::max<ssize_t>(n, 0))), bind,
-                                            span, target_wait);
+                                            span, target_wait, target_cpu);
     } else {
-      local_target = std::make_unique<InProcessTarget>(bind, span, target_wait);
+      local_target = std::make_unique<InProcessTarget>(bind, span, target_wait, target_cpu);
     }
+    pin_to(initiator_cpu);  // after the target started: its process or thread pins itself
     LocalBuffer local(span, hugepages);
     Setup setup{child ? child->advertisement() : local_target->advertisement(),
                 std::chrono::nanoseconds(static_cast<std::int64_t>(spin_us * 1000)),

@@ -262,7 +262,8 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
   }
 
   // Accepts whatever was submitted so far (on the strand): other threads' submissions first, then
-  // this pass's own, which keeps each thread's order. The lock is skipped when nothing waits.
+  // this pass's own, which keeps each thread's order (a drain's first handler's resubmissions may
+  // already have been accepted by post_joined_if_large). The lock is skipped when nothing waits.
   void absorb_intake() {
     OperationQueue batch;
     if (intake_waiting_.load(std::memory_order_acquire)) {

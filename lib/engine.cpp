@@ -273,6 +273,11 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
     }
     while (Operation* op = batch.pop_front())
       accept(op);
+    accept_joined();
+  }
+
+  // Accepts what handlers running inside this pass resubmitted (strand only, no lock).
+  void accept_joined() {
     while (Operation* op = pass_intake_.pop_front())
       accept(op);
   }
@@ -468,8 +473,7 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
   // Accepts what handlers of the running drain resubmitted so far (which resolves a write's length
   // from its source), and posts at once if the next operation in line is a large one.
   void post_joined_if_large() {
-    while (Operation* op = pass_intake_.pop_front())
-      accept(op);
+    accept_joined();
     if (!pending_.empty() && pending_.front()->length >= eager_post_bytes) post_pending();
   }
 
@@ -500,20 +504,23 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
   // Every accepted operation ends here exactly once.
   void finish(Operation* op, std::error_code ec, int provider_errno = 0, std::string detail = {}) {
     if (!ec) return succeed(op);
-    op->lease.reset();
-    settle(op->client_id);
-    outstanding_.fetch_sub(1, std::memory_order_relaxed);
+    release_operation(op);
     failed_.add();
     op->functions->complete(op, Outcome(ec, provider_errno, std::move(detail)));
   }
 
   // A CQ entry's completion: the hot path, with no error code or detail to build.
   void succeed(Operation* op) {
+    release_operation(op);
+    completed_.add();
+    op->functions->complete(op, Outcome(TransferDone{op->length, std::nullopt}));
+  }
+
+  // What an accepted operation holds, given back before its handler runs.
+  void release_operation(Operation* op) {
     op->lease.reset();
     settle(op->client_id);
     outstanding_.fetch_sub(1, std::memory_order_relaxed);
-    completed_.add();
-    op->functions->complete(op, Outcome(TransferDone{op->length, std::nullopt}));
   }
 
   void fail(Operation* op, std::error_code ec) {

@@ -27,6 +27,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cinttypes>
 #include <cmath>
 #include <condition_variable>
 #include <cstdio>
@@ -56,6 +57,20 @@ double cpu_seconds() {
   getrusage(RUSAGE_SELF, &usage);
   return static_cast<double>(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) +
          static_cast<double>(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) / 1e6;
+}
+
+// How often thread `tid` of this process went to sleep (its voluntary context switches): for the
+// target's progress thread, each one is a wake-up that a writer over loopback pays in its sendmsg.
+std::uint64_t voluntary_switches(pid_t tid) {
+  std::FILE* file = std::fopen(("/proc/self/task/" + std::to_string(tid) + "/status").c_str(), "r");
+  if (file == nullptr) return 0;
+  char line[256];
+  std::uint64_t count = 0;
+  while (std::fgets(line, sizeof line, file) != nullptr) {
+    if (std::sscanf(line, "voluntary_ctxt_switches: %" SCNu64, &count) == 1) break;
+  }
+  std::fclose(file);
+  return count;
 }
 
 std::size_t parse_size(const std::string& text) {
@@ -143,8 +158,8 @@ std::string environment_line(const std::string& provider) {
 
 // ---- the target ------------------------------------------------------------------------------
 
-// `--serve`: expose a region, print its advertisement, answer "cpu" with this process's CPU time,
-// exit on end of input.
+// `--serve`: expose a region, print its advertisement, answer "usage" with this process's CPU time
+// and how often its progress thread slept, exit on end of input.
 int serve(const std::string& bind, std::size_t region_size, const std::string& wait, int cpu) {
   pin_to(cpu);
   dma::Configuration configuration;
@@ -155,12 +170,18 @@ int serve(const std::string& bind, std::size_t region_size, const std::string& w
   std::vector<std::byte> region(region_size, std::byte{0x5a});
   auto exposed = target.expose(region);
   auto work = asio::make_work_guard(io);
-  std::thread progress([&] { io.run(); });
+  std::atomic<pid_t> progress_tid{0};
+  std::thread progress([&] {
+    progress_tid = gettid();
+    io.run();
+  });
   std::printf("advertisement: %s\n", exposed.advertisement().to_string().c_str());
   std::fflush(stdout);
   std::string line;
   while (std::getline(std::cin, line)) {
-    if (line == "cpu") std::printf("cpu %.6f\n", cpu_seconds());
+    if (line == "usage") {
+      std::printf("usage %.6f %" PRIu64 "\n", cpu_seconds(), voluntary_switches(progress_tid.load()));
+    }
     std::fflush(stdout);
   }
   work.reset();
@@ -168,6 +189,11 @@ int serve(const std::string& bind, std::size_t region_size, const std::string& w
   progress.join();
   return 0;
 }
+
+struct TargetUsage {
+  double cpu = 0;            ///< CPU seconds of the target process (0 in process: the initiator's has it)
+  std::uint64_t sleeps = 0;  ///< voluntary context switches of its progress thread
+};
 
 // The target as a child process, spoken to over pipes.
 class ChildTarget {
@@ -211,11 +237,16 @@ class ChildTarget {
     std::fclose(out_);
   }
   const dma::Advertisement& advertisement() const { return advertisement_; }
-  double cpu() {
-    std::fputs("cpu\n", in_);
+  /// The target process's CPU seconds and its progress thread's sleeps so far.
+  TargetUsage usage() {
+    std::fputs("usage\n", in_);
     std::fflush(in_);
     const std::string line = read_line();
-    return line.rfind("cpu ", 0) == 0 ? std::stod(line.substr(4)) : 0.0;
+    TargetUsage u;
+    if (std::sscanf(line.c_str(), "usage %lf %" SCNu64, &u.cpu, &u.sleeps) != 2) {
+      throw std::runtime_error("the target answered: " + line);
+    }
+    return u;
   }
 
  private:
@@ -243,9 +274,11 @@ class InProcessTarget {
     exposed_ = target_.expose(region_);
     thread_ = std::thread([this, cpu] {
       pin_to(cpu);
+      tid_ = gettid();
       io_.run();
     });
   }
+  TargetUsage usage() const { return {0, voluntary_switches(tid_.load())}; }
   ~InProcessTarget() {
     work_.reset();
     io_.stop();
@@ -265,6 +298,7 @@ class InProcessTarget {
   std::vector<std::byte> region_;
   dma::Target::Region exposed_;
   asio::executor_work_guard<asio::io_context::executor_type> work_;
+  std::atomic<pid_t> tid_{0};
   std::thread thread_;
 };
 
@@ -284,6 +318,7 @@ struct Sample {
   std::uint64_t errors = 0;
   double cpu_initiator = 0;
   double cpu_target = 0;
+  std::uint64_t target_sleeps = 0;  ///< times the target's progress thread slept during the run
   std::vector<double> latencies_us;
 };
 
@@ -661,6 +696,7 @@ std::pair<double, double> median_interval(std::vector<double> values) {
 // The medians of one side's runs at a point (CPU is seconds per GiB moved).
 struct Medians {
   double gbps = 0, mops = 0, cpu_init = 0, cpu_target = 0, p50 = 0, p99 = 0;
+  double target_sleeps = 0;  ///< per transfer
   std::uint64_t errors = 0;
 };
 
@@ -674,7 +710,7 @@ struct Row {
 };
 
 Medians medians_of(const Point& point, const std::vector<Sample>& runs) {
-  std::vector<double> gbps, mops, cpu_i, cpu_t, p50, p99;
+  std::vector<double> gbps, mops, cpu_i, cpu_t, p50, p99, sleeps;
   Medians m;
   for (auto s : runs) {  // a copy: percentile() sorts the latencies
     const double bytes = static_cast<double>(s.transfers) * static_cast<double>(point.size);
@@ -683,6 +719,7 @@ Medians medians_of(const Point& point, const std::vector<Sample>& runs) {
     const double gib = bytes / static_cast<double>(1u << 30);
     cpu_i.push_back(gib > 0 ? s.cpu_initiator / gib : 0);
     cpu_t.push_back(gib > 0 ? s.cpu_target / gib : 0);
+    sleeps.push_back(s.transfers > 0 ? static_cast<double>(s.target_sleeps) / static_cast<double>(s.transfers) : 0);
     p50.push_back(percentile(s.latencies_us, 0.5));
     p99.push_back(percentile(s.latencies_us, 0.99));
     m.errors += s.errors;
@@ -691,6 +728,7 @@ Medians medians_of(const Point& point, const std::vector<Sample>& runs) {
   m.mops = median(mops);
   m.cpu_init = median(cpu_i);
   m.cpu_target = median(cpu_t);
+  m.target_sleeps = median(sleeps);
   m.p50 = median(p50);
   m.p99 = median(p99);
   return m;
@@ -716,9 +754,9 @@ Row summarise(const Point& point, const std::vector<Sample>& samples, const std:
 const char* direction_text(dma::Direction d) { return d == dma::Direction::ToPeer ? "write" : "read"; }
 
 void print_table(const std::vector<Row>& rows, bool child_target) {
-  std::printf("%-9s %-5s %6s %5s %-8s %9s %9s %9s %9s %9s %9s %9s %9s %8s %12s\n", "api", "dir", "size", "depth",
-              "wait", "GB/s", "Mxfer/s", "cpu-i/GiB", child_target ? "cpu-t/GiB" : "", "p50 us", "p99 us", "raw GB/s",
-              "raw cpu-i", "lib/raw", "95% CI");
+  std::printf("%-9s %-5s %6s %5s %-8s %9s %9s %9s %9s %9s %9s %8s %9s %9s %8s %8s %12s\n", "api", "dir", "size",
+              "depth", "wait", "GB/s", "Mxfer/s", "cpu-i/GiB", child_target ? "cpu-t/GiB" : "", "p50 us", "p99 us",
+              "t-sleeps", "raw GB/s", "raw cpu-i", "raw t-sl", "lib/raw", "95% CI");
   for (const auto& r : rows) {
     const double ratio = r.ratio;
     char p50[16] = "-", p99[16] = "-", cpu_t[16] = "";
@@ -728,14 +766,17 @@ void print_table(const std::vector<Row>& rows, bool child_target) {
     }
     if (child_target) std::snprintf(cpu_t, sizeof cpu_t, "%.3f", r.lib.cpu_target);
     char raw_gbps[16] = "-", raw_cpu[16] = "-", ratio_text[16] = "-", gbps[16] = "-", mops[16] = "-", cpu_i[16] = "-";
+    char sleeps[16] = "-", raw_sleeps[16] = "-";
     if (!r.raw_missing) {
       std::snprintf(raw_gbps, sizeof raw_gbps, "%.3f", r.raw.gbps);
       std::snprintf(raw_cpu, sizeof raw_cpu, "%.3f", r.raw.cpu_init);
+      std::snprintf(raw_sleeps, sizeof raw_sleeps, "%.3f", r.raw.target_sleeps);
     }
     if (!r.library_missing) {
       std::snprintf(gbps, sizeof gbps, "%.3f", r.lib.gbps);
       std::snprintf(mops, sizeof mops, "%.4f", r.lib.mops);
       std::snprintf(cpu_i, sizeof cpu_i, "%.3f", r.lib.cpu_init);
+      std::snprintf(sleeps, sizeof sleeps, "%.3f", r.lib.target_sleeps);
     }
     char interval[32] = "-";
     if (!r.raw_missing && !r.library_missing) {
@@ -743,9 +784,9 @@ void print_table(const std::vector<Row>& rows, bool child_target) {
       if (r.ratio_high > 0) std::snprintf(interval, sizeof interval, "%.3f-%.3f", r.ratio_low, r.ratio_high);
     }
     if (r.library_missing || !child_target) cpu_t[0] = '\0';
-    std::printf("%-9s %-5s %6s %5d %-8s %9s %9s %9s %9s %9s %9s %9s %9s %8s %12s%s\n", r.point.api.c_str(),
+    std::printf("%-9s %-5s %6s %5d %-8s %9s %9s %9s %9s %9s %9s %8s %9s %9s %8s %8s %12s%s\n", r.point.api.c_str(),
                 direction_text(r.point.direction), size_text(r.point.size).c_str(), r.point.depth, r.point.wait.c_str(),
-                gbps, mops, cpu_i, cpu_t, p50, p99, raw_gbps, raw_cpu, ratio_text, interval,
+                gbps, mops, cpu_i, cpu_t, p50, p99, sleeps, raw_gbps, raw_cpu, raw_sleeps, ratio_text, interval,
                 r.lib.errors != 0 ? "  ERRORS" : "");
   }
 }
@@ -759,13 +800,14 @@ void print_json(const std::vector<Row>& rows) {
     std::printf(
         "  {\"api\": \"%s\", \"direction\": \"%s\", \"size\": %zu, \"depth\": %d, \"wait\": \"%s\", \"runs\": %d, "
         "\"gbps\": %.6f, \"mtransfers_per_s\": %.6f, \"cpu_initiator_s_per_gib\": %.6f, "
-        "\"cpu_target_s_per_gib\": %.6f, \"p50_us\": %.3f, \"p99_us\": %.3f, \"raw_gbps\": %.6f, "
-        "\"raw_mtransfers_per_s\": %.6f, \"raw_p50_us\": %.3f, \"raw_cpu_initiator_s_per_gib\": %.6f, "
-        "\"raw_cpu_target_s_per_gib\": %.6f, \"ratio\": %.4f, \"ratio_ci95\": %s, \"errors\": %llu}%s\n",
+        "\"cpu_target_s_per_gib\": %.6f, \"target_sleeps_per_transfer\": %.4f, \"p50_us\": %.3f, "
+        "\"p99_us\": %.3f, \"raw_gbps\": %.6f, \"raw_mtransfers_per_s\": %.6f, \"raw_p50_us\": %.3f, "
+        "\"raw_cpu_initiator_s_per_gib\": %.6f, \"raw_cpu_target_s_per_gib\": %.6f, "
+        "\"raw_target_sleeps_per_transfer\": %.4f, \"ratio\": %.4f, \"ratio_ci95\": %s, \"errors\": %llu}%s\n",
         r.point.api.c_str(), direction_text(r.point.direction), r.point.size, r.point.depth, r.point.wait.c_str(),
-        r.runs, r.lib.gbps, r.lib.mops, r.lib.cpu_init, r.lib.cpu_target, r.lib.p50, r.lib.p99, r.raw.gbps, r.raw.mops,
-        r.raw.p50, r.raw.cpu_init, r.raw.cpu_target, r.ratio, interval, static_cast<unsigned long long>(r.lib.errors),
-        i + 1 < rows.size() ? "," : "");
+        r.runs, r.lib.gbps, r.lib.mops, r.lib.cpu_init, r.lib.cpu_target, r.lib.target_sleeps, r.lib.p50, r.lib.p99,
+        r.raw.gbps, r.raw.mops, r.raw.p50, r.raw.cpu_init, r.raw.cpu_target, r.raw.target_sleeps, r.ratio, interval,
+        static_cast<unsigned long long>(r.lib.errors), i + 1 < rows.size() ? "," : "");
   }
   std::printf("]\n");
 }
@@ -931,10 +973,14 @@ int main(int argc, char** argv) {
       // getrusage of this process and of the child around each run (the in-process target's CPU
       // shows up in the initiator's).
       auto timed = [&](auto&& run) {
-        const double cpu0 = cpu_seconds(), target0 = child ? child->cpu() : 0;
+        auto target_usage = [&] { return child ? child->usage() : local_target->usage(); };
+        const double cpu0 = cpu_seconds();
+        const TargetUsage target0 = target_usage();
         Sample s = run();
         s.cpu_initiator = cpu_seconds() - cpu0;
-        s.cpu_target = child ? child->cpu() - target0 : 0;
+        const TargetUsage target1 = target_usage();
+        s.cpu_target = target1.cpu - target0.cpu;
+        s.target_sleeps = target1.sleeps - target0.sleeps;
         return s;
       };
       auto run_library = [&] {

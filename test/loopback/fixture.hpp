@@ -39,7 +39,12 @@ struct Payload {
 class RemoteBuffer {
  public:
   explicit RemoteBuffer(std::size_t size, std::byte fill = std::byte{0})
-      : target_(io_, loopback_configuration()), work_(asio::make_work_guard(io_)), memory_(size, fill) {
+      : RemoteBuffer(size, fill, loopback_configuration()) {}
+  /// A target that waits for its own completions in `target_wait` mode.
+  RemoteBuffer(std::size_t size, dma::WaitMode target_wait)
+      : RemoteBuffer(size, std::byte{0}, with_wait(target_wait)) {}
+  RemoteBuffer(std::size_t size, std::byte fill, const dma::Configuration& configuration)
+      : target_(io_, configuration), work_(asio::make_work_guard(io_)), memory_(size, fill) {
     region_ = target_.expose(memory_);
     resume();
   }
@@ -58,6 +63,11 @@ class RemoteBuffer {
     thread_ = std::thread([this] { io_.run(); });
   }
   const dma::Advertisement& advertisement() const { return region_.advertisement(); }
+  static dma::Configuration with_wait(dma::WaitMode mode) {
+    auto c = loopback_configuration();
+    c.wait_mode = mode;
+    return c;
+  }
   std::vector<std::byte>& memory() { return memory_; }
   dma::Target& target() { return target_; }
 

@@ -175,6 +175,8 @@ int serve(const std::string& bind, std::size_t region_size, const std::string& w
     progress_tid = gettid();
     io.run();
   });
+  while (progress_tid.load() == 0)  // the first "usage" answer needs the thread's id
+    std::this_thread::yield();
   std::printf("advertisement: %s\n", exposed.advertisement().to_string().c_str());
   std::fflush(stdout);
   std::string line;
@@ -277,6 +279,8 @@ class InProcessTarget {
       tid_ = gettid();
       io_.run();
     });
+    while (tid_.load() == 0)  // usage() reads the thread's /proc entry from the start
+      std::this_thread::yield();
   }
   TargetUsage usage() const { return {0, voluntary_switches(tid_.load())}; }
   ~InProcessTarget() {

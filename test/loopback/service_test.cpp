@@ -619,7 +619,7 @@ TEST_CASE("in fd mode one transfer at a time costs one wake-up, not an extra emp
           io,
           [&]() -> asio::awaitable<void> {
             for (int i = 0; i < transfers; ++i) {
-              // A named request: GCC 12 destroys temporaries inside a co_await expression twice.
+              // A named request: GCC 12 destroys a braced temporary inside a co_await expression twice.
               auto request = remote.request(Direction::ToPeer, test::Payload{test::pattern(64, i)}, 0, 0);
               auto c = co_await service.submit(std::move(request));
               if (!c.outcome) ++failures;

@@ -466,9 +466,6 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
     }
   }
 
-  /// A pass that finished at least this many transfers polls once more before it arms the fd.
-  static constexpr std::size_t batch_poll_threshold = 2;
-
   /// From this size up, a drain's first resubmission is posted before the rest of the batch runs:
   /// measured at 1 MiB +2-3 %, at 16 and 256 KiB no difference, at 64 B -3.5 % (docs/performance.md).
   static constexpr std::size_t eager_post_bytes = 64 * 1024;
@@ -575,7 +572,7 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
   bool idle() const noexcept { return in_flight_ == 0 && pending_.empty(); }
 
   // After any activity: reap, post, and make sure something will look at the CQ again.
-  void schedule_progress(std::size_t reaped = 0) {
+  void schedule_progress(bool poll_again = false) {
     if (closed_) return;
     if (idle()) {
       if (stopping_) return close();
@@ -583,13 +580,7 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
     }
     if (in_flight_ == 0) return arm_backstop(std::chrono::milliseconds(1));  // all stalled on EAGAIN
     if (configuration_.wait_mode == WaitMode::busy_poll || !descriptor_) return schedule_poll();
-    // A pass that drained a batch polls once more before the fd is armed, in every mode. Under
-    // load the next completions are in by the time its burst is posted, and fi_trywait would only
-    // report them after resetting the provider's wait signal, which the next completion raises
-    // again: two system calls, plus the trywait itself, at every burst boundary. A pass that found
-    // a single completion is at low load, where the next one is a round trip away: polling then
-    // bought a second, empty wake-up per transfer in fd mode (docs/performance.md).
-    if (reaped >= batch_poll_threshold) return schedule_poll();
+    if (poll_again) return schedule_poll();
     // adaptive: poll while the last activity is recent. Each poll is a handler of its own, so
     // completions delivered through the executor (and the caller's coroutines) run in between.
     if (configuration_.wait_mode == WaitMode::adaptive && Clock::now() < spin_until_) return schedule_poll();
@@ -597,15 +588,26 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
   }
 
   // One pass of the reaper: drain, post what the drain made room for, wait again.
+  //
+  // A pass that reaped polls once more before the fd is armed, in every mode, if a transfer posted
+  // before this pass is still in flight: under load its completion is in by the time this pass's
+  // burst is posted, and fi_trywait would only report it after resetting the provider's wait
+  // signal, which the next completion raises again (two system calls, plus the trywait itself, at
+  // every burst boundary). When everything in flight was posted by this very pass (one transfer at
+  // a time, or a whole window completed at once), the next completion is a round trip away: the
+  // poll found nothing and the armed wait then woke once more, empty, right after it was armed,
+  // which made two wake-ups per transfer in fd mode (docs/performance.md).
   void progress(bool polled = false) {
     if (closed_) return;  // a polling pass posted before the endpoint closed: the CQ is gone
-    const std::size_t reaped = reap();
-    if (reaped != 0) {
+    const std::uint64_t posted_before = posted_.get();
+    const bool reaped = reap() != 0;
+    if (reaped) {
       if (polled) spin_hits_.add();
       note_activity();
     }
     post_pending();
-    schedule_progress(reaped);
+    const std::uint64_t posted_now = posted_.get() - posted_before;  // early posts included
+    schedule_progress(reaped && in_flight_ > posted_now);
   }
 
   void note_activity() noexcept {

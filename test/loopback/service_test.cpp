@@ -595,10 +595,10 @@ TEST_CASE("an idle service keeps nothing pending: io_context::run() returns with
 }
 
 TEST_CASE("in fd mode one transfer at a time costs one wake-up, not an extra empty one", "[loopback][wakeups]") {
-  // A pass that finds a single completion arms the fd at once. Polling once more first (right for
-  // a drained batch, whose successors are usually in by then) woke the armed wait again within
-  // microseconds with nothing to read: two wake-ups per transfer when the round trip is long, as
-  // with a target that sleeps on its own fd.
+  // A pass after which everything in flight was posted by that pass arms the fd at once. Polling
+  // once more first (right while older transfers are in flight, whose completions may be in by
+  // then) woke the armed wait again within microseconds with nothing to read: two wake-ups per
+  // transfer when the round trip is long, as with a target that sleeps on its own fd.
   test::RemoteBuffer remote(64, dma::WaitMode::fd);
   for (const bool awaitable : {false, true}) {
     asio::io_context io;

@@ -108,6 +108,19 @@ void pin_to(int cpu) {
   }
 }
 
+// Runs io on a new thread bound to cpu (-1: anywhere) and returns once the thread has stored its id
+// in tid, so that voluntary_switches(tid) answers from the first query on.
+std::thread start_progress_thread(asio::io_context& io, int cpu, std::atomic<pid_t>& tid) {
+  std::thread thread([&io, &tid, cpu] {
+    pin_to(cpu);
+    tid = gettid();
+    io.run();
+  });
+  while (tid.load() == 0)
+    std::this_thread::yield();
+  return thread;
+}
+
 // The initiator's buffers: plain pages, or (--hugepages) 2 MiB-aligned memory that the kernel is
 // asked to back with transparent huge pages.
 class LocalBuffer {
@@ -171,12 +184,7 @@ int serve(const std::string& bind, std::size_t region_size, const std::string& w
   auto exposed = target.expose(region);
   auto work = asio::make_work_guard(io);
   std::atomic<pid_t> progress_tid{0};
-  std::thread progress([&] {
-    progress_tid = gettid();
-    io.run();
-  });
-  while (progress_tid.load() == 0)  // the first "usage" answer needs the thread's id
-    std::this_thread::yield();
+  std::thread progress = start_progress_thread(io, -1, progress_tid);  // the process is pinned already
   std::printf("advertisement: %s\n", exposed.advertisement().to_string().c_str());
   std::fflush(stdout);
   std::string line;
@@ -274,13 +282,7 @@ class InProcessTarget {
         region_(region_size, std::byte{0x5a}),
         work_(asio::make_work_guard(io_)) {
     exposed_ = target_.expose(region_);
-    thread_ = std::thread([this, cpu] {
-      pin_to(cpu);
-      tid_ = gettid();
-      io_.run();
-    });
-    while (tid_.load() == 0)  // usage() reads the thread's /proc entry from the start
-      std::this_thread::yield();
+    thread_ = start_progress_thread(io_, cpu, tid_);
   }
   TargetUsage usage() const { return {0, voluntary_switches(tid_.load())}; }
   ~InProcessTarget() {

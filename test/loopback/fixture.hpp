@@ -63,11 +63,6 @@ class RemoteBuffer {
     thread_ = std::thread([this] { io_.run(); });
   }
   const dma::Advertisement& advertisement() const { return region_.advertisement(); }
-  static dma::Configuration with_wait(dma::WaitMode mode) {
-    auto c = loopback_configuration();
-    c.wait_mode = mode;
-    return c;
-  }
   std::vector<std::byte>& memory() { return memory_; }
   dma::Target& target() { return target_; }
 
@@ -84,6 +79,11 @@ class RemoteBuffer {
   }
 
  private:
+  static dma::Configuration with_wait(dma::WaitMode mode) {
+    auto c = loopback_configuration();
+    c.wait_mode = mode;
+    return c;
+  }
   asio::io_context io_;
   dma::Target target_;
   asio::executor_work_guard<asio::io_context::executor_type> work_;

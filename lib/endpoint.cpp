@@ -162,11 +162,43 @@ void Endpoint::open_objects(const Configuration& configuration, std::error_code&
   if (!check(fi_av_open(domain_.get(), &av_attr, av_.out(), nullptr), "fi_av_open")) return;
   open_cq(configuration, ec);
   if (ec) return;
-  if (!check(fi_endpoint(domain_.get(), fi_info_.get(), endpoint_.out(), nullptr), "fi_endpoint")) return;
-  if (!check(fi_ep_bind(endpoint_.get(), &av_.get()->fid, 0), "fi_ep_bind(av)")) return;
-  if (!check(fi_ep_bind(endpoint_.get(), &cq_.get()->fid, FI_TRANSMIT | FI_RECV), "fi_ep_bind(cq)")) return;
-  if (!check(fi_enable(endpoint_.get()), "fi_enable")) return;
+  endpoint_ = open_endpoint(ec);
+  if (!ec) read_local_address(ec);
+}
+
+detail::Fid<fid_ep> Endpoint::open_endpoint(std::error_code& ec) {
+  detail::Fid<fid_ep> ep;
+  auto check = [&](int code, const char* step) {
+    if (code != 0) {
+      ec = fabric_error(code);
+      failed_step_ = step;
+    }
+    return !ec;
+  };
+  if (!check(fi_endpoint(domain_.get(), fi_info_.get(), ep.out(), nullptr), "fi_endpoint")) return {};
+  if (!check(fi_ep_bind(ep.get(), &av_.get()->fid, 0), "fi_ep_bind(av)")) return {};
+  if (!check(fi_ep_bind(ep.get(), &cq_.get()->fid, FI_TRANSMIT | FI_RECV), "fi_ep_bind(cq)")) return {};
+  if (!check(fi_enable(ep.get()), "fi_enable")) return {};
+  return ep;
+}
+
+detail::Fid<fid_ep> Endpoint::replace_endpoint(std::error_code& ec) {
+  ec.clear();
+  if (!domain_ || !cq_ || !av_) {
+    ec = errc::not_open;
+    return {};
+  }
+  auto fresh = open_endpoint(ec);
+  if (ec) return {};
+  std::swap(fresh, endpoint_);
+  const auto previous_address = local_address_;
   read_local_address(ec);
+  if (ec) {
+    std::swap(fresh, endpoint_);  // keep the old one in service; the fresh one closes here
+    local_address_ = previous_address;
+    return {};
+  }
+  return fresh;
 }
 
 void Endpoint::open_cq(const Configuration& configuration, std::error_code& ec) {

@@ -3,12 +3,15 @@
 #include "dma/advertisement.hpp"
 #include "dma/detail/block_pool.hpp"
 #include "dma/error.hpp"
+#include "peer_flow.hpp"
 #include "peer_table.hpp"
+#include "reclaimer.hpp"
 #include "region_cache.hpp"
 
 #include <asio/bind_allocator.hpp>
 #include <asio/bind_executor.hpp>
 #include <asio/dispatch.hpp>
+#include <asio/error.hpp>
 #include <asio/io_context.hpp>
 #include <asio/posix/stream_descriptor.hpp>
 #include <asio/post.hpp>
@@ -21,15 +24,13 @@
 #include <poll.h>
 
 #include <array>
+#include <cerrno>
+#include <deque>
 #include <mutex>
 #include <optional>
-#include <unordered_map>
-#include <unordered_set>
 
 namespace dma::detail {
 namespace {
-
-using Clock = std::chrono::steady_clock;
 
 // Written only on the strand, read from anywhere: a relaxed load + store, no locked instruction.
 class Counter {
@@ -50,6 +51,22 @@ std::string duration_text(std::chrono::nanoseconds d) {
   if (d % microseconds(1) == nanoseconds(0)) return std::to_string(duration_cast<microseconds>(d).count()) + "µs";
   return std::to_string(d.count()) + "ns";
 }
+
+// now + d without overflow; no_deadline (or anything past the clock's range) never fires.
+Clock::time_point deadline_after(Clock::time_point now, std::chrono::nanoseconds d) noexcept {
+  if (d >= Clock::time_point::max() - now) return Clock::time_point::max();
+  return now + std::chrono::duration_cast<Clock::duration>(d);
+}
+
+// The connection broke under the transfer: the tcp provider flushes a torn-down connection's
+// transfers with these (and a peer that rejected one transfer tears its connection down too).
+bool connection_error(int err) noexcept {
+  return err == FI_ECANCELED || err == FI_ENOTCONN || err == FI_ECONNRESET || err == FI_ECONNABORTED || err == EPIPE ||
+         err == FI_ESHUTDOWN;
+}
+
+// The provider says the peer cannot be reached at all: back off as after a refused connection.
+bool unreachable_error(int err) noexcept { return err == FI_EHOSTUNREACH || err == FI_ENETUNREACH; }
 
 // Closes MRs on the engine's strand (the domain is FI_THREAD_DOMAIN). A lease can drop on any
 // thread (a MemoryRegion released by its owner, invalidate() from an allocator hook): those MRs
@@ -120,6 +137,11 @@ std::atomic<std::uint64_t> local_key_counter{1};
 
 // Inner is the executor under the strand: io_context's own executor when the service runs on an
 // io_context (no type erasure on the hot path), any_io_executor otherwise.
+//
+// The engine coordinates its parts, all on one strand: the intake (any thread → strand), the
+// peer table with each peer's flow (queue and health), the poster (credits, FI_MORE bursts,
+// -FI_EAGAIN parks the peer), the CQ reaper and its wait policy, the deadline sweep, and the
+// reclaimer (posted transfers the provider will not return by itself).
 template <typename Inner>
 class EngineImpl final : public Engine, public std::enable_shared_from_this<EngineImpl<Inner>> {
   using strand_type = asio::strand<Inner>;
@@ -130,6 +152,7 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
       : configuration_(configuration),
         strand_(asio::make_strand(executor)),
         closer_(std::make_shared<StrandCloser<strand_type>>(strand_)),
+        reclaimer_([this](std::error_code& ec) { return endpoint_.replace_endpoint(ec); }),
         backstop_(strand_),
         shutdown_timer_(strand_) {
     entries_.resize(std::max<std::size_t>(1, configuration_.cq_batch));
@@ -138,6 +161,15 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
   ~EngineImpl() override { abandon(); }
 
   void open(std::error_code& ec, std::string& what) {
+    if (configuration_.unreachable_backoff_max < configuration_.unreachable_backoff ||
+        configuration_.unreachable_backoff.count() < 0 || configuration_.transfer_deadline.count() <= 0 ||
+        configuration_.progress_deadline.count() <= 0) {
+      ec = errc::invalid_configuration;
+      what =
+          "transfer_deadline and progress_deadline must be positive, and 0 <= unreachable_backoff <= "
+          "unreachable_backoff_max";
+      return;
+    }
     endpoint_.open(configuration_, ec);
     if (ec) {
       what = endpoint_.failed_step();
@@ -146,6 +178,7 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
     credits_ = endpoint_.credits();
     domain_key_ = endpoint_.domain();
     provider_keys_ = (endpoint_.describe().mr_mode & FI_MR_PROV_KEY) != 0;
+    addresses_.push_back(endpoint_.local_address());
     RegionCache::instance().set_limits(
         domain_key_, {configuration_.registration_cache_entries, configuration_.registration_cache_bytes});
     peers_.emplace(
@@ -188,13 +221,15 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
   }
 
   void cancel(Operation* op, std::uint64_t sequence) override {
-    asio::post(strand_, [self = shared_from_this(), op, sequence] { self->cancel_pending(op, sequence); });
+    asio::post(strand_, [self = shared_from_this(), op, sequence] { self->cancel_outstanding(op, sequence); });
   }
 
   std::uint64_t next_sequence() noexcept override { return sequence_.fetch_add(1, std::memory_order_relaxed); }
 
   void remove_peer(std::uint64_t client_id) override {
-    asio::post(strand_, [self = shared_from_this(), client_id] { self->remove_or_defer(client_id); });
+    asio::post(strand_, [self = shared_from_this(), client_id] {
+      if (self->peers_) self->peers_->release(client_id);
+    });
   }
 
   void shutdown() override {
@@ -202,7 +237,11 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
   }
 
   std::size_t outstanding() const noexcept override { return outstanding_.load(std::memory_order_relaxed); }
-  const std::vector<std::uint8_t>& local_address() const noexcept override { return endpoint_.local_address(); }
+  // Replacing the endpoint changes the address; earlier ones stay valid for spans already handed out.
+  const std::vector<std::uint8_t>& local_address() const noexcept override {
+    std::lock_guard lock(address_mutex_);
+    return addresses_.back();
+  }
   EndpointInfo describe() const override { return endpoint_.describe(); }
   const Configuration& configuration() const noexcept override { return configuration_; }
   asio::any_io_executor strand() const noexcept override { return strand_; }
@@ -228,6 +267,11 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
     m.context_less_errors = context_less_errors_.get();
     m.queue_errors = queue_errors_.get();
     m.registrations = registrations_.get();
+    m.timed_out = timed_out_.get();
+    m.cancelled = cancelled_.get();
+    m.peers_marked_unreachable = marked_unreachable_.get();
+    m.reconnects = reconnects_.get();
+    m.endpoint_replacements = replacements_.get();
     if (domain_key_ != nullptr) {
       const auto cache = RegionCache::instance().stats(domain_key_);
       m.cache_hits = cache.hits;
@@ -241,15 +285,29 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
 
   // ---- strand ------------------------------------------------------------------------------
   std::error_code insert_peer(std::uint64_t client_id, std::span<const std::uint8_t> address) override {
-    if (!peers_) return errc::not_open;
+    if (!peers_ || stopping_) return errc::not_open;
     std::error_code ec = validate(address);
     if (!ec) (void)peers_->insert(client_id, address, ec);
     return ec;
   }
 
- private:
-  std::error_code validate(std::span<const std::uint8_t> address) const;
+  std::error_code pin(std::uintptr_t base, std::size_t length, std::shared_ptr<void> keep_alive) override {
+    if (closed_ || !peers_) return errc::not_open;
+    if (length == 0) return errc::zero_length_region;
+    if (length > UINTPTR_MAX - base) return errc::region_range_overflows;
+    if (!endpoint_.requires_local_mr()) return {};
+    std::error_code ec;
+    auto registration = register_range(base, base + length, std::move(keep_alive), ec);
+    if (registration) RegionCache::instance().track(domain_key_, base, base + length, std::move(registration), true);
+    return ec;
+  }
 
+ private:
+  std::error_code validate(std::span<const std::uint8_t> address) const {
+    return validate_address(address, endpoint_.addr_format());
+  }
+
+  // ---- intake ------------------------------------------------------------------------------
   void take_intake() {
     {
       std::lock_guard lock(intake_mutex_);
@@ -271,6 +329,8 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
       batch.swap(intake_);
       intake_waiting_.store(false, std::memory_order_relaxed);
     }
+    if (batch.empty() && pass_intake_.empty()) return;
+    accept_clock_ = Clock::now();  // one reading for the whole batch: deadlines count from here
     while (Operation* op = batch.pop_front())
       accept(op);
     accept_joined();
@@ -287,59 +347,129 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
     if (op->peer_address.oversized()) return fail(op, errc::address_length);
     if (std::error_code ec = validate(op->peer_address)) return fail(op, ec);
     if (std::error_code ec = op->functions->resolve(*op)) return fail(op, ec);
-    ++client_count(op->client_id);
-    pending_.push_back(op);
-  }
-
-  void cancel_pending(Operation* op, std::uint64_t sequence) {
-    // Compare before dereferencing: op may be long gone, and its address reused.
-    for (Operation* it = pending_.front(); it != nullptr; it = it->next) {
-      if (it != op || it->sequence != sequence) continue;
-      pending_.remove(op);
-      finish(op, asio::error::operation_aborted);
-      return;
+    std::error_code ec;
+    Peer* peer = peers_->acquire(op->client_id, op->peer_address, ec);
+    if (peer == nullptr) return fail(op, ec);
+    op->peer = peer;
+    op->deadline =
+        deadline_after(accept_clock_, op->lifetime.count() >= 0 ? op->lifetime : configuration_.transfer_deadline);
+    if (op->deadline < next_deadline_) next_deadline_ = op->deadline;
+    accepted_.push_back(op);
+    if (peer->flow.backing_off(accept_clock_)) {
+      return finish(op, errc::peer_unreachable, 0,
+                    "the peer was marked unreachable; retried after " + duration_text(time_left(peer->flow)));
     }
+    peer->flow.queue.push_back(op);
+    ++queued_;
+    if (peer->flow.place == PeerFlow::Place::idle) flows_.ready(peer->flow);
   }
 
-  // Posts while credits last. FI_MORE marks every post that has another one right behind it.
+  std::chrono::nanoseconds time_left(const PeerFlow& flow) const noexcept {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(flow.unreachable_until - accept_clock_);
+  }
+
+  // ---- posting -----------------------------------------------------------------------------
+  // Posts while credits last, one transfer per peer in turn. FI_MORE marks every post that has
+  // another one right behind it. A peer that refuses a post (-FI_EAGAIN) is parked until the
+  // next drain; the others go on.
   void post_pending() {
-    while (!pending_.empty() && in_flight_ < credits_) {
-      Operation* op = pending_.front();
+    if (!endpoint_.is_open()) return;
+    if (flows_.any_parked()) flows_.unpark_all();
+    while (in_flight_ < credits_) {
+      PeerFlow* flow = flows_.front();
+      if (flow == nullptr) return;
+      Peer& peer = peer_of(*flow);
+      if (flow->refresh && !reconnect(peer)) continue;
+      Operation* op = flow->queue.front();
       std::error_code ec;
-      const fi_addr_t peer = prepare(*op, ec);
+      prepare(*op, ec);
       if (ec) {
-        pending_.pop_front();
+        dequeue(*flow);
         finish(op, ec, 0, "preparing the post");
         continue;
       }
-      const bool more = op->next != nullptr && in_flight_ + 1 < credits_;
-      const ssize_t rc = post(*op, peer, more);
+      const bool more = (op->next != nullptr || flows_.others_ready(*flow)) && in_flight_ + 1 < credits_;
+      const ssize_t rc = post(*op, peer.handle, more);
       if (rc == 0) {
-        pending_.pop_front();
+        dequeue(*flow);
+        op->posted = true;
+        reclaimer_.posted(*op);
         ++in_flight_;
+        ++flow->in_flight;
         posted_.add();
+        flow->stalled_since = {};
+        if (flow->place == PeerFlow::Place::ready) flows_.posted(*flow);
         continue;
       }
       if (rc == -FI_EAGAIN) {
         eagain_.add();
-        if (stalled(*op)) continue;
-        break;  // retried after the next CQ drain, never spun
+        stalled(*flow);
+        continue;
       }
-      pending_.pop_front();
+      dequeue(*flow);
       finish(op, fabric_error(rc), 0, rc_detail(rc, *op));
     }
   }
 
-  // True when op went past its deadline and was failed (so the loop goes on with the next one).
-  bool stalled(Operation& op) {
-    const auto now = Clock::now();
-    if (op.stalled_since == Clock::time_point{}) op.stalled_since = now;
-    if (now - op.stalled_since < configuration_.progress_deadline) return false;
-    pending_.pop_front();
-    finish(&op, errc::progress_deadline, 0,
-           "no progress posting for " + duration_text(configuration_.progress_deadline) +
-               ": peer unreachable or transmit queue stuck");
+  static Peer& peer_of(PeerFlow& flow) noexcept {
+    return *reinterpret_cast<Peer*>(reinterpret_cast<char*>(&flow) - offsetof(Peer, flow));
+  }
+
+  // Pops the flow's front operation; a flow with nothing left leaves the round-robin.
+  void dequeue(PeerFlow& flow) noexcept {
+    (void)flow.queue.pop_front();
+    --queued_;
+    if (flow.queue.empty()) flows_.remove(flow);
+  }
+
+  // The peer's connection broke: its address-vector entry is replaced before its next post, once
+  // none of its transfers is posted any more (the provider must not see the old entry go while it
+  // still holds transfers on it). Returns whether the flow may post now.
+  bool reconnect(Peer& peer) {
+    PeerFlow& flow = peer.flow;
+    if (flow.in_flight != 0) {
+      flows_.remove(flow);  // rejoins when its last posted transfer comes back
+      return false;
+    }
+    flow.refresh = false;
+    reconnects_.add();
+    if (std::error_code ec = peers_->refresh(peer)) {
+      fail_queue(flow, ec, "a fresh address-vector entry for the peer");
+      return false;
+    }
     return true;
+  }
+
+  // A post was refused. Past progress_deadline of refusals in a row the peer is marked
+  // unreachable: rxm reports a refused or unanswered connection only this way.
+  void stalled(PeerFlow& flow) {
+    const auto now = Clock::now();
+    if (flow.stalled_since == Clock::time_point{}) flow.stalled_since = now;
+    if (now - flow.stalled_since < configuration_.progress_deadline) return flows_.park(flow);
+    if (flow.connected) {
+      mark_unreachable(flow, now, errc::progress_deadline,
+                       "no progress posting for " + duration_text(configuration_.progress_deadline) +
+                           ": peer unreachable or transmit queue stuck");
+    } else {
+      mark_unreachable(flow, now, errc::connection_refused,
+                       "no connection within " + duration_text(configuration_.progress_deadline));
+    }
+  }
+
+  // Fails the peer's queue with ec and makes its next transfers fail at once for the back-off.
+  void mark_unreachable(PeerFlow& flow, Clock::time_point now, std::error_code ec, const std::string& detail) {
+    flow.mark_unreachable(now, configuration_.unreachable_backoff, configuration_.unreachable_backoff_max);
+    marked_unreachable_.add();
+    fail_queue(flow, ec, detail);
+  }
+
+  void fail_queue(PeerFlow& flow, std::error_code ec, const std::string& detail) {
+    flows_.remove(flow);
+    while (!flow.queue.empty()) {
+      Operation* op = flow.queue.front();
+      dequeue(flow);
+      finish(op, ec, 0, detail);
+    }
   }
 
   static std::string rc_detail(ssize_t rc, const Operation& op) {
@@ -347,12 +477,9 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
            std::to_string(rc);
   }
 
-  // The peer's AV handle (inserted on first use, as the Rust crate does on every post) and the
-  // local descriptor where the provider needs one.
-  fi_addr_t prepare(Operation& op, std::error_code& ec) {
-    const fi_addr_t peer = peers_->insert(op.client_id, op.peer_address, ec);
-    if (!ec && endpoint_.requires_local_mr() && !op.lease) lease_operand(op, ec);
-    return peer;
+  // The local descriptor where the provider needs one.
+  void prepare(Operation& op, std::error_code& ec) {
+    if (endpoint_.requires_local_mr() && !op.lease) lease_operand(op, ec);
   }
 
   // The registration-cache path of the Rust crate: a hit costs one lookup; on a miss, the
@@ -397,17 +524,6 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
     return std::make_shared<Registration>(std::move(mr), closer_, std::move(keep_alive));
   }
 
-  std::error_code pin(std::uintptr_t base, std::size_t length, std::shared_ptr<void> keep_alive) override {
-    if (closed_ || !peers_) return errc::not_open;
-    if (length == 0) return errc::zero_length_region;
-    if (length > UINTPTR_MAX - base) return errc::region_range_overflows;
-    if (!endpoint_.requires_local_mr()) return {};
-    std::error_code ec;
-    auto registration = register_range(base, base + length, std::move(keep_alive), ec);
-    if (registration) RegionCache::instance().track(domain_key_, base, base + length, std::move(registration), true);
-    return ec;
-  }
-
   ssize_t post(Operation& op, fi_addr_t peer, bool more) {
     iovec iov{op.buffer, op.length};
     fi_rma_iov rma{op.remote_address, op.length, op.remote_key};
@@ -446,8 +562,7 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
       if (n > 0) {
         cq_reads_.add();
         for (ssize_t i = 0; i < n; ++i) {
-          --in_flight_;
-          succeed(Operation::from_context(entries_[static_cast<std::size_t>(i)].op_context));
+          returned_ok(Operation::from_context(entries_[static_cast<std::size_t>(i)].op_context));
           // A large transfer the batch's first handler resubmitted goes out now, before the other
           // handlers run: the wire is busy again after one handler instead of n. Small ones wait
           // for the batch, where posting one early costs more than it saves (docs/performance.md).
@@ -458,7 +573,9 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
         continue;
       }
       if (n == -FI_EAVAIL) {
-        finished += read_error();
+        const int read = read_error();
+        if (read < 0) return finished;  // fi_cq_readerr failed: never spin on -FI_EAVAIL
+        finished += static_cast<std::size_t>(read);
         continue;
       }
       if (n != -FI_EAGAIN) queue_errors_.add();
@@ -474,42 +591,92 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
   // from its source), and posts at once if the next operation in line is a large one.
   void post_joined_if_large() {
     accept_joined();
-    if (!pending_.empty() && pending_.front()->length >= eager_post_bytes) post_pending();
+    const PeerFlow* flow = flows_.front();
+    if (flow != nullptr && flow->queue.front()->length >= eager_post_bytes) post_pending();
   }
 
-  std::size_t read_error() {
+  // The provider handed op back (successfully or not): the bookkeeping of a posted transfer.
+  void returned(Operation* op) noexcept {
+    --in_flight_;
+    reclaimer_.returned(*op);
+    PeerFlow& flow = op->peer->flow;
+    // The flow waited for this to replace its address-vector entry: it may post again.
+    if (--flow.in_flight == 0 && flow.refresh && !flow.queue.empty()) flows_.ready(flow);
+  }
+
+  // A CQ entry's completion: the hot path, with no error code or detail to build.
+  void returned_ok(Operation* op) {
+    returned(op);
+    op->peer->flow.succeeded();
+    succeed(op);
+  }
+
+  // Returns 1 when it completed an operation, 0 for an entry without one, -1 when fi_cq_readerr failed.
+  int read_error() {
     fi_cq_err_entry entry{};
     const ssize_t rc = fi_cq_readerr(endpoint_.cq(), &entry, 0);
     if (rc <= 0) {
       queue_errors_.add();
-      return 0;
+      return -1;
     }
     if (entry.op_context == nullptr) {
       // An endpoint-level fault: nothing to complete, and nothing to dereference.
       context_less_errors_.add();
       return 0;
     }
-    --in_flight_;
-    char text[256] = {};
-    const char* provider_text = fi_cq_strerror(endpoint_.cq(), entry.prov_errno, entry.err_data, text, sizeof text);
+    Operation* op = Operation::from_context(entry.op_context);
+    returned(op);
+    std::string detail = "completion error: " + std::string(fi_strerror(entry.err)) +
+                         " (err=" + std::to_string(entry.err) + ", prov_errno=" + std::to_string(entry.prov_errno) +
+                         ")";
+    // rxm reads the endpoint's state to format an entry: never for one a closed endpoint returned.
+    if (!reclaimer_.closed(*op)) {
+      char text[256] = {};
+      const char* provider_text = fi_cq_strerror(endpoint_.cq(), entry.prov_errno, entry.err_data, text, sizeof text);
+      if (provider_text != nullptr && *provider_text != '\0') detail += "; provider: " + std::string(provider_text);
+    }
+    if (op->doom != Doom::none) {
+      finish(op, doom_error(op->doom), entry.prov_errno, std::move(detail));
+      return 1;
+    }
+    PeerFlow& flow = op->peer->flow;
+    if (connection_error(entry.err)) {
+      // Says nothing of the peer's health (a rejected transfer tears the connection down too): no
+      // back-off, the next transfer reconnects at once.
+      flow.refresh = true;
+      flow.connected = false;
+      finish(op, errc::connection_lost, entry.prov_errno, std::move(detail));
+      return 1;
+    }
     std::error_code ec = fabric_error(entry.err);
-    if (stopping_ && entry.err == FI_ECANCELED) ec = errc::shutdown;
-    finish(Operation::from_context(entry.op_context), ec, entry.prov_errno,
-           "completion error: " + std::string(fi_strerror(entry.err)) + " (err=" + std::to_string(entry.err) +
-               "); provider: " + (provider_text != nullptr ? provider_text : "") +
-               " (prov_errno=" + std::to_string(entry.prov_errno) + ")");
+    if (unreachable_error(entry.err) && !flow.backing_off(Clock::now())) {
+      mark_unreachable(flow, Clock::now(), ec, detail);
+    }
+    finish(op, ec, entry.prov_errno, std::move(detail));
     return 1;
   }
 
-  // Every accepted operation ends here exactly once.
+  static std::error_code doom_error(Doom doom) noexcept {
+    switch (doom) {
+      case Doom::deadline:
+        return errc::timed_out;
+      case Doom::cancelled:
+        return asio::error::operation_aborted;
+      default:
+        return errc::shutdown;
+    }
+  }
+
+  // Every accepted operation ends in finish() or succeed() exactly once.
   void finish(Operation* op, std::error_code ec, int provider_errno = 0, std::string detail = {}) {
     if (!ec) return succeed(op);
     release_operation(op);
     failed_.add();
+    if (ec == errc::timed_out) timed_out_.add();
+    if (ec == asio::error::operation_aborted) cancelled_.add();
     op->functions->complete(op, Outcome(ec, provider_errno, std::move(detail)));
   }
 
-  // A CQ entry's completion: the hot path, with no error code or detail to build.
   void succeed(Operation* op) {
     release_operation(op);
     completed_.add();
@@ -518,73 +685,123 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
 
   // What an accepted operation holds, given back before its handler runs.
   void release_operation(Operation* op) {
+    accepted_.unlink(op);
     op->lease.reset();
-    settle(op->client_id);
+    peers_->settle(*op->peer);
     outstanding_.fetch_sub(1, std::memory_order_relaxed);
   }
 
+  // An operation refused before it was accepted: it holds nothing yet.
   void fail(Operation* op, std::error_code ec) {
     outstanding_.fetch_sub(1, std::memory_order_relaxed);
     failed_.add();
     op->functions->complete(op, Outcome(ec));
   }
 
-  // The in-flight count of client_id; the last client's node is remembered (a node of an
-  // unordered_map keeps its address until erased), which spares a hash lookup per transfer.
-  std::size_t& client_count(std::uint64_t client_id) {
-    if (client_id != last_client_ || last_count_ == nullptr) {
-      last_count_ = &by_client_[client_id];
-      last_client_ = client_id;
+  // ---- deadlines, cancellation, reclaiming --------------------------------------------------
+  // Fails the queued transfers past their deadline and dooms the posted ones; a peer whose posted
+  // transfer timed out is marked unreachable, after the sweep, so its other transfers that timed
+  // out too report the deadline.
+  void sweep(Clock::time_point now) {
+    if (now < next_deadline_) return;
+    next_deadline_ = Clock::time_point::max();
+    std::vector<PeerFlow*> late_peers;
+    std::vector<PeerFlow*> queues;
+    for (Operation* op = accepted_.oldest(); op != nullptr; op = op->newer) {
+      if (op->doom != Doom::none) continue;
+      if (op->deadline > now) {
+        next_deadline_ = std::min(next_deadline_, op->deadline);
+        continue;
+      }
+      PeerFlow& flow = op->peer->flow;
+      if (op->posted) {
+        reclaimer_.doom(*op, Doom::deadline);
+        if (!flow.marked) late_peers.push_back(&flow);
+      } else {
+        op->doom = Doom::deadline;  // queued: failed below, in one pass over its queue
+        if (!flow.marked) queues.push_back(&flow);
+      }
+      flow.marked = true;
     }
-    return *last_count_;
+    for (PeerFlow* flow : queues) {
+      flow->queue.remove_if([](const Operation& op) { return op.doom != Doom::none; },
+                            [&](Operation* op) {
+                              --queued_;
+                              finish(op, errc::timed_out, 0,
+                                     "queued for its whole deadline: the peer took no posts in time");
+                            });
+      if (flow->queue.empty()) flows_.remove(*flow);
+    }
+    for (PeerFlow* flow : late_peers) {
+      if (!flow->backing_off(now)) {
+        mark_unreachable(*flow, now, errc::peer_unreachable, "a transfer posted to the peer passed its deadline");
+      }
+    }
+    for (PeerFlow* flow : queues)
+      flow->marked = false;
+    for (PeerFlow* flow : late_peers)
+      flow->marked = false;
+    reclaim();
   }
 
-  void forget_client(std::uint64_t client_id) {
-    if (client_id == last_client_) last_count_ = nullptr;
-    by_client_.erase(client_id);
+  void cancel_outstanding(Operation* op, std::uint64_t sequence) {
+    // Compare before dereferencing: op may be long gone, and its address reused.
+    if (!accepted_.contains(op) || op->sequence != sequence || op->doom != Doom::none) return;
+    if (!op->posted) {
+      PeerFlow& flow = op->peer->flow;
+      flow.queue.remove(op);
+      --queued_;
+      if (flow.queue.empty()) flows_.remove(flow);
+      finish(op, asio::error::operation_aborted);
+      return schedule_progress();
+    }
+    reclaimer_.doom(*op, Doom::cancelled);
+    reclaim();
   }
 
-  // One of client_id's accepted operations ended: a deferred removal may now go ahead. A count
-  // that drops to 0 keeps its map node (so a steady client allocates nothing); remove_peer erases it.
-  void settle(std::uint64_t client_id) {
-    if (client_id == last_client_ && last_count_ != nullptr) {  // the usual case: one peer, over and over
-      if (--*last_count_ != 0) return;
-    } else {
-      auto it = by_client_.find(client_id);
-      if (it == by_client_.end() || --it->second != 0) return;
+  // Lets the reclaimer replace or close endpoints; a closed one's transfers are in the CQ now.
+  void reclaim() {
+    std::error_code ec;
+    const std::uint64_t before = reclaimer_.replacements();
+    const bool closed_one = reclaimer_.step(ec);
+    if (reclaimer_.replacements() != before) {
+      replacements_.add();
+      std::lock_guard lock(address_mutex_);
+      addresses_.push_back(endpoint_.local_address());
     }
-    if (removal_pending_.erase(client_id) == 0) return;
-    forget_client(client_id);
-    if (peers_) peers_->release(client_id);
-  }
-
-  void remove_or_defer(std::uint64_t client_id) {
-    auto it = by_client_.find(client_id);
-    if (it != by_client_.end() && it->second != 0) {
-      removal_pending_.insert(client_id);
-      return;
-    }
-    if (it != by_client_.end()) forget_client(client_id);
-    if (peers_) peers_->release(client_id);
+    if (ec) queue_errors_.add();  // no fresh endpoint: the doomed transfers wait for the next try
+    if (closed_one) schedule_poll();
   }
 
   // ---- progress ----------------------------------------------------------------------------
-  bool idle() const noexcept { return in_flight_ == 0 && pending_.empty(); }
+  bool idle() const noexcept { return in_flight_ == 0 && queued_ == 0; }
 
-  // After any activity: reap, post, and make sure something will look at the CQ again.
+  // After any activity: make sure something will look at the CQ again, and that the backstop
+  // (which also runs the deadline sweep) ticks while anything is outstanding.
   void schedule_progress(bool poll_again = false) {
     if (closed_) return;
     if (idle()) {
       if (stopping_) return close();
       return release_waits();
     }
-    if (in_flight_ == 0) return arm_backstop(std::chrono::milliseconds(1));  // all stalled on EAGAIN
+    if (in_flight_ == 0) return wait_for_stall();  // every peer with work is parked on -FI_EAGAIN
+    stall_retry_ = std::chrono::milliseconds(1);
+    arm_backstop(configuration_.backstop_interval);
     if (configuration_.wait_mode == WaitMode::busy_poll || !descriptor_) return schedule_poll();
     if (poll_again) return schedule_poll();
     // adaptive: poll while the last activity is recent. Each poll is a handler of its own, so
     // completions delivered through the executor (and the caller's coroutines) run in between.
     if (configuration_.wait_mode == WaitMode::adaptive && Clock::now() < spin_until_) return schedule_poll();
     arm_wait();
+  }
+
+  // Nothing is posted and the queued peers refused their posts (a connection forming or refused):
+  // wait on the fd, which fires when a connection comes up, and retry on a timer that backs off
+  // from 1 ms to the backstop interval, never spinning.
+  void wait_for_stall() {
+    if (descriptor_ && configuration_.wait_mode != WaitMode::busy_poll) (void)try_arm_fd();
+    arm_backstop(stall_retry_);
+    stall_retry_ = std::min<std::chrono::nanoseconds>(stall_retry_ * 2, configuration_.backstop_interval);
   }
 
   // One pass of the reaper: drain, post what the drain made room for, wait again.
@@ -625,14 +842,7 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
 
   void arm_wait() {
     if (wait_armed_) return;
-    fid* fids[] = {&endpoint_.cq()->fid};
-    const int rc = fi_trywait(endpoint_.fabric(), fids, 1);
-    if (rc == -FI_EAGAIN) return schedule_poll();  // completions are ready: yield, then drain
-    if (rc != 0) return schedule_poll();           // no usable wait object: poll
-    wait_armed_ = true;
-    armed_at_ = Clock::now();
-    descriptor_->async_wait(asio::posix::descriptor_base::wait_read,
-                            [self = shared_from_this()](std::error_code ec) { self->on_wake(ec); });
+    if (!try_arm_fd()) return schedule_poll();  // completions are ready, or no usable wait object
     // An edge that fired between fi_trywait and the arm is lost to an epoll reactor; one read now
     // catches whatever it announced.
     if (reap() != 0) {
@@ -640,7 +850,18 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
       post_pending();
       if (idle()) return release_waits();  // that read finished the last transfer
     }
-    arm_backstop(configuration_.backstop_interval);
+  }
+
+  // fi_trywait, then one async_wait on the fd; false when the provider says not to wait.
+  bool try_arm_fd() {
+    if (wait_armed_) return true;
+    fid* fids[] = {&endpoint_.cq()->fid};
+    if (fi_trywait(endpoint_.fabric(), fids, 1) != 0) return false;
+    wait_armed_ = true;
+    armed_at_ = Clock::now();
+    descriptor_->async_wait(asio::posix::descriptor_base::wait_read,
+                            [self = shared_from_this()](std::error_code ec) { self->on_wake(ec); });
+    return true;
   }
 
   // An idle engine keeps nothing pending on the executor, so io_context::run() returns as soon as
@@ -648,6 +869,7 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
   // silent fd for ever). The flags drop at once: a cancelled handler that runs after a re-arm
   // must not clear the new arm's flag, so aborted handlers touch nothing.
   void release_waits() {
+    next_deadline_ = Clock::time_point::max();
     if (backstop_armed_) {
       backstop_armed_ = false;
       backstop_.cancel();
@@ -677,15 +899,16 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
     if (ec == asio::error::operation_aborted) return;
     backstop_armed_ = false;
     if (closed_) return;
+    const auto now = Clock::now();
     // Completions that sat in the CQ while the fd wait was armed for a whole interval, with the fd
     // silent, mean a wake-up was lost. Completions found sooner, or while the fd is readable (its
     // wake-up is on its way to the strand, only slower than this timer), were merely beaten to it.
-    const bool waited = wait_armed_ && Clock::now() - armed_at_ >= configuration_.backstop_interval;
+    const bool waited = wait_armed_ && now - armed_at_ >= configuration_.backstop_interval;
     const bool silent = waited && !fd_readable();
     if (reap() != 0 && silent) backstop_hits_.add();
+    sweep(now);
     post_pending();
     schedule_progress();
-    if (!idle() && !backstop_armed_) arm_backstop(configuration_.backstop_interval);
   }
 
   bool fd_readable() const noexcept {
@@ -694,6 +917,8 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
   }
 
   // ---- shutdown ----------------------------------------------------------------------------
+  // Fails what was never posted, gives posted transfers progress_deadline to finish, then hands
+  // back the rest by closing the endpoints.
   void begin_shutdown() {
     if (stopping_) return;
     stopping_ = true;
@@ -707,8 +932,16 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
       fail(op, errc::shutdown);
     while (Operation* op = pass_intake_.pop_front())
       fail(op, errc::shutdown);
-    while (Operation* op = pending_.pop_front())
-      finish(op, errc::shutdown, 0, "never posted");
+    std::vector<PeerFlow*> queues;
+    for (Operation* op = accepted_.oldest(); op != nullptr; op = op->newer) {
+      if (op->posted || op->peer->flow.marked) continue;
+      op->peer->flow.marked = true;
+      queues.push_back(&op->peer->flow);
+    }
+    for (PeerFlow* flow : queues) {
+      flow->marked = false;
+      fail_queue(*flow, errc::shutdown, "never posted");
+    }
     if (idle()) return close();
     shutdown_timer_.expires_after(configuration_.progress_deadline);
     shutdown_timer_.async_wait([self = shared_from_this()](std::error_code ec) {
@@ -717,12 +950,15 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
     schedule_progress();
   }
 
-  // Posted operations that outlived the grace period: closing the endpoint makes the provider hand
-  // every one of them back (FI_ECANCELED), and only then is their memory released.
+  // Posted operations that outlived the grace period: closing the endpoints makes the provider
+  // hand every one of them back (FI_ECANCELED), and only then is their memory released.
   void flush_and_close() {
+    for (Operation* op = accepted_.oldest(); op != nullptr; op = op->newer)
+      reclaimer_.doom(*op, Doom::shutdown);
+    reclaimer_.close_all();
     endpoint_.close_endpoint();
-    for (int round = 0; round < 1000 && in_flight_ > 0; ++round)
-      reap();
+    for (int round = 0; round < 100 && in_flight_ > 0; ++round)
+      (void)drain_cq();
     close();
   }
 
@@ -735,6 +971,13 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
       descriptor_->cancel();
       (void)descriptor_->release();
       descriptor_.reset();
+    }
+    reclaimer_.close_all();
+    endpoint_.close_endpoint();
+    // Whatever the provider never handed back cannot come back now; the CQ closes below.
+    while (Operation* op = accepted_.oldest()) {
+      if (op->posted) --in_flight_;
+      finish(op, doom_error(op->doom == Doom::none ? Doom::shutdown : op->doom), 0, "the provider never returned it");
     }
     if (peers_) peers_->clear();
     peers_.reset();
@@ -755,8 +998,6 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
       descriptor_.reset();
     }
     if (endpoint_.cq() == nullptr) return;
-    while (Operation* op = pending_.pop_front())
-      op->functions->destroy(op);
     {
       std::lock_guard lock(intake_mutex_);
       while (Operation* op = intake_.pop_front())
@@ -764,31 +1005,17 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
     }
     while (Operation* op = pass_intake_.pop_front())
       op->functions->destroy(op);
-    if (in_flight_ > 0) {
-      endpoint_.close_endpoint();
-      for (int round = 0; round < 1000 && in_flight_ > 0; ++round) {
-        const ssize_t n = fi_cq_read(endpoint_.cq(), entries_.data(), entries_.size());
-        if (n > 0) {
-          for (ssize_t i = 0; i < n; ++i)
-            destroy_in_flight(entries_[static_cast<std::size_t>(i)].op_context);
-        } else if (n == -FI_EAVAIL) {
-          fi_cq_err_entry entry{};
-          if (fi_cq_readerr(endpoint_.cq(), &entry, 0) > 0 && entry.op_context != nullptr) {
-            destroy_in_flight(entry.op_context);
-          }
-        }
-      }
+    reclaimer_.close_all();
+    endpoint_.close_endpoint();
+    // The endpoints are closed: the provider holds none of these any more.
+    while (Operation* op = accepted_.oldest()) {
+      accepted_.unlink(op);
+      op->lease.reset();
+      op->functions->destroy(op);
     }
     if (peers_) peers_->clear();
     release_registrations();
     endpoint_.close();
-  }
-
-  void destroy_in_flight(void* context) noexcept {
-    --in_flight_;
-    Operation* op = Operation::from_context(context);
-    op->lease.reset();
-    op->functions->destroy(op);
   }
 
   Configuration configuration_;
@@ -796,8 +1023,11 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
   Endpoint endpoint_;
   std::optional<PeerTable> peers_;
   std::shared_ptr<StrandCloser<strand_type>> closer_;
+  Reclaimer reclaimer_;
   const void* domain_key_ = nullptr;
   bool provider_keys_ = false;
+  mutable std::mutex address_mutex_;
+  std::deque<std::vector<std::uint8_t>> addresses_;  ///< every local address so far, the current one last
   // Typed on the strand itself: an any_io_executor holding a strand is too big for its small
   // buffer, and every copy of it (one per completion) would allocate.
   using Descriptor = asio::posix::basic_stream_descriptor<strand_type>;
@@ -814,13 +1044,14 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
   std::atomic<std::size_t> outstanding_{0};
   std::atomic<std::uint64_t> sequence_{1};
 
-  OperationQueue pending_;
+  OutstandingList accepted_;  ///< every accepted operation until it completes, oldest first
+  FlowScheduler flows_;
+  std::size_t queued_ = 0;  ///< accepted, not yet posted (in the peers' queues)
   std::size_t in_flight_ = 0;
   std::size_t credits_ = 1;
-  std::unordered_map<std::uint64_t, std::size_t> by_client_;
-  std::uint64_t last_client_ = 0;
-  std::size_t* last_count_ = nullptr;  ///< &by_client_[last_client_], or null
-  std::unordered_set<std::uint64_t> removal_pending_;
+  Clock::time_point accept_clock_{};
+  Clock::time_point next_deadline_ = Clock::time_point::max();  ///< no accepted deadline is earlier
+  std::chrono::nanoseconds stall_retry_ = std::chrono::milliseconds(1);
   std::vector<fi_cq_entry> entries_;
   bool wait_armed_ = false;
   bool reaping_ = false;
@@ -834,13 +1065,9 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
   bool closed_ = false;
 
   Counter posted_, completed_, failed_, eagain_, cq_reads_, fd_wakeups_, spin_hits_, armed_late_, backstop_hits_,
-      joined_pass_, context_less_errors_, queue_errors_, registrations_;
+      joined_pass_, context_less_errors_, queue_errors_, registrations_, timed_out_, cancelled_, marked_unreachable_,
+      reconnects_, replacements_;
 };
-
-template <typename Inner>
-std::error_code EngineImpl<Inner>::validate(std::span<const std::uint8_t> address) const {
-  return validate_address(address, endpoint_.addr_format());
-}
 
 }  // namespace
 

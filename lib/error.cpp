@@ -67,6 +67,19 @@ class LibraryCategory final : public std::error_category {
         return "invalid configuration";
       case errc::av_insert_failed:
         return "fi_av_insert inserted 0 of 1 addresses";
+      case errc::timed_out:
+        return "the transfer did not complete within its deadline";
+      case errc::connection_refused:
+        return "no connection to the peer within progress_deadline: nothing listens at its address, or the "
+               "peer is down or not progressing";
+      case errc::connection_lost:
+        return "the connection to the peer broke with this transfer on it: the peer died, restarted or closed "
+               "it, or rejected a transfer on it (a wrong key, a range outside its region, missing access "
+               "rights; tcp reports all of these alike)";
+      case errc::peer_unreachable:
+        return "the peer is marked unreachable and its back-off has not ended";
+      case errc::remote_access_denied:
+        return "the peer refused the access: wrong key, range outside its region, or missing access rights";
     }
     return "unknown dma error " + std::to_string(value);
   }
@@ -91,7 +104,15 @@ class LibraryCategory final : public std::error_category {
       case errc::operand_range_overflows:
         return condition::invalid_operand;
       case errc::progress_deadline:
+      case errc::connection_refused:
+      case errc::peer_unreachable:
         return condition::peer_unreachable;
+      case errc::connection_lost:
+        return condition::connection_lost;
+      case errc::remote_access_denied:
+        return condition::remote_access_denied;
+      case errc::timed_out:
+        return std::errc::timed_out;
       case errc::peer_removed:
       case errc::shutdown:
         return condition::cancelled;
@@ -110,18 +131,32 @@ class FabricCategory final : public std::error_category {
     switch (value) {
       case FI_ECANCELED:
       case FI_ENOTCONN:
-      case FI_ECONNREFUSED:
       case FI_ECONNRESET:
       case FI_ECONNABORTED:
+      case EPIPE:
+        return condition::connection_lost;
+      case FI_ECONNREFUSED:
       case FI_EHOSTUNREACH:
       case FI_ENETUNREACH:
-      case FI_ETIMEDOUT:
       case FI_EADDRNOTAVAIL:
         return condition::peer_unreachable;
+      case FI_EACCES:
+      case FI_EKEYREJECTED:
+        return condition::remote_access_denied;
       default:
         break;
     }
-    // libfabric's small codes are errno values; let them compare equal to std::errc.
+    return generic(value);
+  }
+
+  // A code compares equal to its dma condition and, where it is an errno value, to std::errc too.
+  bool equivalent(int value, const std::error_condition& condition) const noexcept override {
+    return default_error_condition(value) == condition || generic(value) == condition;
+  }
+
+ private:
+  // libfabric's small codes are errno values; let them compare equal to std::errc.
+  std::error_condition generic(int value) const noexcept {
     if (value < FI_ERRNO_OFFSET) return std::generic_category().default_error_condition(value);
     return {value, *this};
   }
@@ -140,6 +175,10 @@ class ConditionCategory final : public std::error_category {
         return "invalid operand";
       case condition::cancelled:
         return "cancelled by the library";
+      case condition::connection_lost:
+        return "connection to the peer lost";
+      case condition::remote_access_denied:
+        return "remote access denied";
     }
     return "unknown dma condition " + std::to_string(value);
   }

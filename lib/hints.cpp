@@ -6,7 +6,9 @@
 #include <rdma/fi_endpoint.h>
 #include <rdma/fi_errno.h>
 
+#include <cstdlib>
 #include <cstring>
+#include <string>
 
 namespace dma::detail {
 namespace {
@@ -35,6 +37,19 @@ void set_hints(fi_info& hints, Provider provider) {
 
 }  // namespace
 
+// rxm keeps a connection in its table after the peer tore it down until it happens to process
+// the shutdown event, so an entry removed and inserted again can still name the dead connection
+// and fail the next transfer with FI_ENOTCONN. With FI_AV_REMOVE_CLEANUP, fi_av_remove closes the
+// connection at once: removing a peer frees its socket, and a fresh entry reconnects. libfabric
+// reads the variable once, when it initialises; a value the user set is kept.
+void prepare_environment() noexcept {
+  static const bool done = [] {
+    (void)::setenv("FI_AV_REMOVE_CLEANUP", "1", 0);
+    return true;
+  }();
+  (void)done;
+}
+
 InfoList query_info(const Configuration& configuration, std::error_code& ec, std::string& what) {
   const Provider provider = configuration.providers.empty() ? Provider::tcp : configuration.providers.front();
   InfoList hints(fi_allocinfo());
@@ -50,8 +65,12 @@ InfoList query_info(const Configuration& configuration, std::error_code& ec, std
     what = "invalid source node";
     return {};
   }
+  const std::string port = configuration.port ? std::to_string(*configuration.port) : std::string();
+  const char* service = configuration.port ? port.c_str() : nullptr;
+  const bool source = node != nullptr || service != nullptr;
+  prepare_environment();
   fi_info* list = nullptr;
-  const int code = fi_getinfo(FI_VERSION(1, 17), node, nullptr, node != nullptr ? FI_SOURCE : 0, hints.get(), &list);
+  const int code = fi_getinfo(FI_VERSION(1, 17), node, service, source ? FI_SOURCE : 0, hints.get(), &list);
   if (code != 0) {
     ec = code == -FI_ENODATA ? make_error_code(errc::no_provider) : fabric_error(code);
     what = "fi_getinfo found no " + std::string(to_string(provider)) + " provider" +

@@ -16,6 +16,10 @@ struct InfoListDeleter {
 };
 using InfoList = std::unique_ptr<fi_info, InfoListDeleter>;
 
+/// Sets the process-wide libfabric variables the library relies on (FI_AV_REMOVE_CLEANUP),
+/// once, before libfabric first initialises; never overrides a value already set.
+void prepare_environment() noexcept;
+
 /// The provider's fi_info list for the configuration; on failure `what` names the step.
 InfoList query_info(const Configuration& configuration, std::error_code& ec, std::string& what);
 

@@ -61,6 +61,35 @@ fi_addr_t PeerTable::insert(std::uint64_t client_id, std::span<const std::uint8_
   return add(client_id, address, ec);
 }
 
+Peer* PeerTable::acquire(std::uint64_t client_id, std::span<const std::uint8_t> address, std::error_code& ec) {
+  if (last_entry_ != nullptr && client_id == last_client_ && same_bytes(last_entry_->address, address)) {
+    if (ec) ec.clear();
+    ++last_entry_->transfers;
+    return last_entry_;
+  }
+  (void)insert(client_id, address, ec);
+  if (ec) return nullptr;
+  Entry* entry = by_client_.at(client_id);
+  last_client_ = client_id;
+  last_entry_ = entry;
+  ++entry->transfers;
+  return entry;
+}
+
+void PeerTable::settle(Peer& peer) {
+  if (--peer.transfers == 0) erase_if_unused(peer);
+}
+
+std::error_code PeerTable::refresh(Peer& peer) {
+  if (peer.evicted) return make_error_code(errc::peer_removed);
+  if (peer.handle != FI_ADDR_NOTAVAIL) remove_(peer.handle);
+  peer.handle = FI_ADDR_NOTAVAIL;
+  fi_addr_t handle = FI_ADDR_NOTAVAIL;
+  if (std::error_code ec = insert_(peer.address, handle)) return ec;
+  peer.handle = handle;
+  return {};
+}
+
 void PeerTable::release(std::uint64_t client_id) {
   last_entry_ = nullptr;
   auto held = by_client_.find(client_id);
@@ -74,8 +103,9 @@ void PeerTable::clear() {
   last_entry_ = nullptr;
   // Emptied before RemoveFn runs, so the table is consistent whatever the callee does.
   by_client_.clear();
+  evicted_.clear();
   for (auto& [identity, entry] : std::exchange(by_identity_, {}))
-    remove_(entry.handle);
+    if (entry.handle != FI_ADDR_NOTAVAIL) remove_(entry.handle);
 }
 
 std::optional<fi_addr_t> PeerTable::find(std::uint64_t client_id) const {
@@ -86,7 +116,7 @@ std::optional<fi_addr_t> PeerTable::find(std::uint64_t client_id) const {
 
 std::size_t PeerTable::use_count(std::uint64_t client_id) const {
   auto held = by_client_.find(client_id);
-  return held == by_client_.end() ? 0 : held->second->refs;
+  return held == by_client_.end() ? 0 : held->second->clients;
 }
 
 std::size_t PeerTable::entries() const noexcept { return by_identity_.size(); }
@@ -103,7 +133,7 @@ std::string_view PeerTable::identity_of(std::span<const std::uint8_t> address) c
 fi_addr_t PeerTable::join(std::uint64_t client_id, Entry& entry) {
   release(client_id);
   by_client_.emplace(client_id, &entry);
-  ++entry.refs;
+  ++entry.clients;
   return entry.handle;
 }
 
@@ -117,8 +147,16 @@ void PeerTable::evict(std::uint64_t client_id, ByIdentity::iterator stale) {
     return true;
   });
   const fi_addr_t handle = dead->handle;
-  by_identity_.erase(stale);
-  remove_(handle);
+  if (stale->second.transfers == 0) {
+    by_identity_.erase(stale);
+  } else {
+    // Transfers still name it: it lives on, out of the table, until they end.
+    stale->second.evicted = true;
+    stale->second.clients = 0;
+    stale->second.handle = FI_ADDR_NOTAVAIL;
+    evicted_.push_back(by_identity_.extract(stale));
+  }
+  if (handle != FI_ADDR_NOTAVAIL) remove_(handle);
 }
 
 fi_addr_t PeerTable::add(std::uint64_t client_id, std::span<const std::uint8_t> address, std::error_code& ec) {
@@ -126,8 +164,10 @@ fi_addr_t PeerTable::add(std::uint64_t client_id, std::span<const std::uint8_t> 
   if ((ec = insert_(address, handle))) return FI_ADDR_NOTAVAIL;
   auto node = by_identity_.end();
   try {
-    Entry entry{{address.begin(), address.end()}, handle, 1};
-    node = by_identity_.try_emplace(std::string(identity_of(address)), std::move(entry)).first;
+    node = by_identity_.try_emplace(std::string(identity_of(address))).first;
+    node->second.address.assign(address.begin(), address.end());
+    node->second.handle = handle;
+    node->second.clients = 1;
     by_client_.emplace(client_id, &node->second);
   } catch (...) {
     // An AV entry the table does not track would never be removed.
@@ -139,10 +179,20 @@ fi_addr_t PeerTable::add(std::uint64_t client_id, std::span<const std::uint8_t> 
 }
 
 void PeerTable::unref(Entry& entry) {
-  if (--entry.refs > 0) return;
+  --entry.clients;
+  erase_if_unused(entry);
+}
+
+void PeerTable::erase_if_unused(Entry& entry) {
+  if (entry.clients != 0 || entry.transfers != 0) return;
+  if (&entry == last_entry_) last_entry_ = nullptr;
+  if (entry.evicted) {
+    std::erase_if(evicted_, [&](const ByIdentity::node_type& node) { return &node.mapped() == &entry; });
+    return;
+  }
   const fi_addr_t handle = entry.handle;
   by_identity_.erase(by_identity_.find(identity_of(entry.address)));
-  remove_(handle);
+  if (handle != FI_ADDR_NOTAVAIL) remove_(handle);
 }
 
 }  // namespace dma::detail

@@ -1,5 +1,8 @@
-// The refcounted peer-address table: clients sharing one address share one AV entry.
+// The refcounted peer-address table: clients sharing one address share one AV entry, and the
+// entry's flow (its queue and health) lives with it.
 #pragma once
+
+#include "peer_flow.hpp"
 
 #include <rdma/fabric.h>
 
@@ -11,10 +14,24 @@
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <type_traits>
 #include <unordered_map>
 #include <vector>
 
 namespace dma::detail {
+
+/// One live AV entry (one fabric address) with its flow. Its address stays fixed while it lives:
+/// transfers that name it may hold a pointer to it from acceptance to completion.
+struct Peer {
+  std::vector<std::uint8_t> address;
+  fi_addr_t handle = FI_ADDR_NOTAVAIL;
+  std::size_t clients = 0;    ///< client ids bound to it
+  std::size_t transfers = 0;  ///< accepted transfers that name it (queued or posted)
+  bool evicted = false;       ///< a newer incarnation of its efa queue pair took its place
+  PeerFlow flow;
+};
+
+static_assert(std::is_standard_layout_v<Peer>, "the engine finds a Peer from its flow with offsetof");
 
 class PeerTable {
  public:
@@ -34,8 +51,17 @@ class PeerTable {
   /// address with the same identity but different bytes is a recycled queue pair, and every
   /// client holding the stale incarnation is evicted before the new one is inserted.
   fi_addr_t insert(std::uint64_t client_id, std::span<const std::uint8_t> address, std::error_code& ec);
+  /// insert() for one transfer: binds the client as insert() does and counts the transfer on the
+  /// entry, which then outlives every release until settle(). Null on error.
+  Peer* acquire(std::uint64_t client_id, std::span<const std::uint8_t> address, std::error_code& ec);
+  /// One of peer's transfers ended; the entry goes when it has neither transfers nor clients.
+  void settle(Peer& peer);
+  /// Replaces peer's AV entry with a fresh one for the same address (its connection is gone and
+  /// the provider must not reuse it). Only while none of its transfers is posted.
+  std::error_code refresh(Peer& peer);
 
-  /// Drops client_id's reference; the AV entry goes with the last one. Releasing twice is harmless.
+  /// Drops client_id's reference; the AV entry goes with the last one once no transfer names it.
+  /// Releasing twice is harmless.
   void release(std::uint64_t client_id);
   /// Releases everything (before the AV closes). The destructor does not: closing the AV drops its
   /// entries anyway, and by then the AV may already be gone.
@@ -54,12 +80,8 @@ class PeerTable {
   std::uint64_t evictions() const noexcept;
 
  private:
-  /// One live AV entry; its node in by_identity_ owns it, so pointers to it stay valid until erased.
-  struct Entry {
-    std::vector<std::uint8_t> address;
-    fi_addr_t handle;
-    std::size_t refs;
-  };
+  /// Its node in by_identity_ owns a Peer, so pointers to it stay valid until erased.
+  using Entry = Peer;
   /// Hashes std::string keys and std::string_view probes alike, so lookups never allocate.
   struct IdentityHash {
     using is_transparent = void;
@@ -72,11 +94,14 @@ class PeerTable {
   void evict(std::uint64_t client_id, ByIdentity::iterator stale);
   fi_addr_t add(std::uint64_t client_id, std::span<const std::uint8_t> address, std::error_code& ec);
   void unref(Entry& entry);
+  void erase_if_unused(Entry& entry);
 
   bool efa_;
   InsertFn insert_;
   RemoveFn remove_;
   ByIdentity by_identity_;  ///< identity → the live entry with that identity (at most one)
+  /// Evicted entries that transfers still name; their AV entries are already removed.
+  std::vector<ByIdentity::node_type> evicted_;
   std::unordered_map<std::uint64_t, Entry*> by_client_;
   std::uint64_t evictions_ = 0;
   /// The binding the last insert() hit (a steady client posts to one peer): spares the hash

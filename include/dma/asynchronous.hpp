@@ -23,6 +23,8 @@
 #include <asio/prefer.hpp>
 #include <asio/use_awaitable.hpp>
 
+#include <algorithm>
+#include <chrono>
 #include <memory>
 #include <optional>
 #include <span>
@@ -79,6 +81,7 @@ struct TransferOp final : Operation {
     op->direction = request.direction;
     op->length = request.length;
     op->want_checksum = request.want_checksum;
+    if (request.deadline) op->lifetime = std::max(*request.deadline, std::chrono::nanoseconds(0));
     op->caller_context = std::move(request.caller_context);
     return op;
   }
@@ -142,7 +145,7 @@ struct TransferOp final : Operation {
   bool direct = false;               ///< the handler's executor is the service's own
 };
 
-/// Installed in a handler's cancellation slot: cancels the operation while it is not yet posted.
+/// Installed in a handler's cancellation slot: cancels the operation, queued or posted.
 struct Canceller {
   Canceller(std::shared_ptr<Engine> e, Operation* o, std::uint64_t s) noexcept
       : engine(std::move(e)), op(o), sequence(s) {}
@@ -193,8 +196,9 @@ class FabricService {
       : FabricService(context.get_executor(), configuration) {}
 
   /// Transfers never posted fail with errc::shutdown; posted ones finish (bounded by
-  /// progress_deadline, after which the endpoint is closed so the provider returns them).
-  /// Every accepted transfer is delivered exactly once, on its handler's executor.
+  /// progress_deadline, after which the endpoint is closed so the provider returns them, and they
+  /// fail with errc::shutdown). Every accepted transfer is delivered exactly once, on its
+  /// handler's executor, as long as that executor runs.
   ~FabricService() { close(); }
 
   FabricService(FabricService&& other) noexcept = default;
@@ -232,13 +236,19 @@ class FabricService {
   /// @par Completion Signature
   /// @code void(dma::Completion<Context>) @endcode
   /// The completion hands back the caller's context and the Outcome: TransferDone on success, or an
-  /// error_code (errc::no_source, errc::progress_deadline, a libfabric code such as FI_ECANCELED
-  /// when the peer tore the connection down, errc::shutdown, ...). It never runs inside submit().
+  /// error_code: errc::timed_out past the transfer's deadline (Configuration::transfer_deadline or
+  /// TransferRequest::deadline), errc::connection_lost when the connection broke under it (tcp also
+  /// reports a rejected key or range this way), errc::connection_refused, errc::peer_unreachable
+  /// while the peer backs off, errc::shutdown, an operand or advertisement error, or a libfabric
+  /// code. It never runs inside submit().
   ///
   /// @par Per-Operation Cancellation
-  /// terminal, partial and total: a transfer not yet handed to the provider completes with
-  /// asio::error::operation_aborted. Once posted, a transfer cannot be cancelled (tcp and
-  /// efa-direct have no RMA cancel) and completes when the provider returns it.
+  /// terminal, partial and total: a queued transfer completes at once with
+  /// asio::error::operation_aborted. A posted one cannot be cancelled in the provider (tcp and
+  /// efa-direct have no RMA cancel), so the service replaces its endpoint and closes the old one
+  /// once only such transfers remain on it, which makes the provider hand them back; it then
+  /// completes with operation_aborted, typically within milliseconds, or with its real outcome if
+  /// the provider returned it first. A cancelled write may still have landed.
   template <typename CompletionToken = asio::use_awaitable_t<>>
   auto submit(TransferRequest<Context> request, CompletionToken&& token = CompletionToken()) {
     return asio::async_initiate<CompletionToken, completion_signature>(

@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -32,6 +33,10 @@ enum class WaitMode {
 
 std::string_view to_string(WaitMode mode) noexcept;
 
+/// A deadline that never fires: Configuration::transfer_deadline or TransferRequest::deadline set
+/// to it means the transfer waits for the provider as long as the provider takes.
+inline constexpr std::chrono::nanoseconds no_deadline = std::chrono::nanoseconds::max();
+
 struct Configuration {
   /// Providers in preference order. Only the first is used, as in the Rust crate; empty means tcp.
   std::vector<Provider> providers{Provider::tcp};
@@ -39,12 +44,29 @@ struct Configuration {
   std::vector<std::string> interfaces;
   /// Source node for fi_getinfo with FI_SOURCE, e.g. "127.0.0.1" (tcp only).
   std::optional<std::string> bind;
+  /// tcp: the port to listen on at `bind` (a Target that peers must find again after a restart);
+  /// none lets the system choose a free one.
+  std::optional<std::uint16_t> port;
   /// Transfers posted at once; none means 64. Clamped to the provider's tx size and the CQ size.
   std::optional<std::size_t> max_in_flight;
   /// Advice for sizing the Pool; the library does not read it.
   std::optional<std::size_t> crc_pool_threads;
-  /// The longest one transfer may keep getting -FI_EAGAIN before it fails with progress_deadline.
+  /// The longest a peer's transfers may keep getting -FI_EAGAIN before the peer is marked
+  /// unreachable and its queued transfers fail (errc::connection_refused when it never connected,
+  /// errc::progress_deadline when its connection stopped taking posts). Also the grace period a
+  /// shutdown gives posted transfers before it closes the endpoint.
   std::chrono::nanoseconds progress_deadline = std::chrono::seconds(1);
+  /// How long a transfer may take from acceptance to completion, queued and posted, before it
+  /// fails with errc::timed_out (== std::errc::timed_out). TransferRequest::deadline overrides it
+  /// per transfer; no_deadline turns it off. A posted transfer is handed back by replacing the
+  /// endpoint (docs/design.md), so its memory is never touched after its completion has run.
+  std::chrono::nanoseconds transfer_deadline = std::chrono::seconds(30);
+  /// After a peer is marked unreachable (refused connection, stuck posts, a transfer posted to it
+  /// past its deadline), its transfers fail at once with errc::peer_unreachable for this long.
+  /// Each marking in a row doubles it, up to unreachable_backoff_max; a completed transfer resets
+  /// it. The first transfer after the back-off reconnects on a fresh address-vector entry.
+  std::chrono::nanoseconds unreachable_backoff = std::chrono::seconds(1);
+  std::chrono::nanoseconds unreachable_backoff_max = std::chrono::seconds(30);
 
   // Beyond the Rust crate.
   /// Completion queue entries to ask for; 0 means twice the in-flight cap (at least 64).

@@ -64,6 +64,11 @@ class Endpoint {
   /// Closes only the endpoint: the provider then returns every posted operation to the still-open
   /// CQ (as FI_ECANCELED), which is the one way to reclaim operations a hung peer holds.
   void close_endpoint() noexcept { endpoint_.reset(); }
+  /// Opens a fresh endpoint on the same domain, address vector and completion queue and makes it
+  /// the one endpoint() returns; hands back the previous one, still open, so its posted operations
+  /// can finish (closing it makes the provider return the rest to the shared CQ). local_address()
+  /// changes with it. On failure nothing changes.
+  detail::Fid<fid_ep> replace_endpoint(std::error_code& ec);
   bool is_open() const noexcept { return static_cast<bool>(endpoint_); }
 
   /// The endpoint's fi_getname bytes (taken at open).
@@ -98,6 +103,7 @@ class Endpoint {
   };
   void open_objects(const Configuration& configuration, std::error_code& ec);
   void open_cq(const Configuration& configuration, std::error_code& ec);
+  detail::Fid<fid_ep> open_endpoint(std::error_code& ec);
   void read_local_address(std::error_code& ec);
 
   std::unique_ptr<fi_info, InfoDeleter> fi_info_;

@@ -26,7 +26,7 @@ enum class errc {
   landing_buffer_too_small,  ///< a FromPeer context allocated fewer bytes than asked
   operand_range_overflows,   ///< base + length overflows
   // Transfers.
-  progress_deadline,  ///< no progress posting within progress_deadline
+  progress_deadline,  ///< no progress posting within progress_deadline (connected, transmit queue stuck)
   peer_removed,       ///< the peer was removed before the transfer could be posted
   shutdown,           ///< the service shut down before the transfer could finish
   null_op_context,    ///< the provider reported an error without an operation
@@ -38,6 +38,12 @@ enum class errc {
   region_range_overflows,  ///< registered region's range overflows
   invalid_configuration,   ///< a configuration value is out of range
   av_insert_failed,        ///< fi_av_insert inserted fewer addresses than asked
+  // Transfers: what happened to the peer or the transfer, as precisely as the provider tells.
+  timed_out = 100,       ///< the transfer did not complete within its deadline (== std::errc::timed_out)
+  connection_refused,    ///< no connection to the peer within progress_deadline (nothing listens, host down)
+  connection_lost,       ///< the connection broke with the transfer on it (peer died or rejected it; see docs)
+  peer_unreachable,      ///< the peer is marked unreachable: transfers fail at once until its back-off ends
+  remote_access_denied,  ///< the peer refused the access: wrong key, range outside its region, access rights
 };
 
 /// Broad classes a caller can branch on: `if (ec == dma::condition::peer_unreachable)`.
@@ -46,6 +52,8 @@ enum class condition {
   peer_unreachable,           ///< the peer is gone, refused, or never made progress
   invalid_operand,            ///< the caller's context did not supply a usable operand
   cancelled,                  ///< the library cancelled it (shutdown, removal)
+  connection_lost,            ///< the connection broke under the transfer; it may or may not have landed
+  remote_access_denied,       ///< the peer refused the access (bad key, range or rights)
 };
 
 const std::error_category& category() noexcept;         ///< the library's own codes (errc)

@@ -103,7 +103,7 @@ class FabricService {
                            [&] { return delivery_->delivered == accepted_ && delivery_->pool_jobs == 0; });
     lock.unlock();
     work_.reset();
-    thread_.join();
+    if (thread_.joinable()) thread_.join();  // a start() that failed never started it
   }
 
   FabricService(const FabricService&) = delete;
@@ -124,6 +124,7 @@ class FabricService {
     inner.want_checksum = false;  // hashed on the pool instead, off the reaper
     inner.caller_context.context = std::move(request.caller_context);
     inner.parent_id = request.parent_id;
+    inner.deadline = request.deadline;
     inner_.submit(std::move(inner), Handler{this, request.want_checksum});
     return std::nullopt;
   }

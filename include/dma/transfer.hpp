@@ -4,6 +4,7 @@
 #include <dma/advertisement.hpp>
 #include <dma/peer_address.hpp>
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -100,6 +101,9 @@ struct TransferRequest {
   bool want_checksum = false;  ///< CRC-32C of the local operand in TransferDone
   Context caller_context{};
   std::optional<std::uint64_t> parent_id;  ///< tracing parent; unused by the library itself
+  /// From acceptance to completion; none means Configuration::transfer_deadline, dma::no_deadline
+  /// none at all. Past it the transfer fails with errc::timed_out.
+  std::optional<std::chrono::nanoseconds> deadline;
 
   /// Addresses the request to an advertised buffer, `offset` bytes into it: sets peer_address,
   /// remote_key and remote_address (the advertised address plus offset, whichever addressing mode

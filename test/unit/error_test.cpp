@@ -21,16 +21,32 @@ TEST_CASE("libfabric codes read as fi_strerror in the libfabric category, from e
 }
 
 TEST_CASE("peer failures, deadlines and bad advertisements fall into broad conditions", "[errors]") {
-  CHECK(dma::fabric_error(FI_ECANCELED) == dma::condition::peer_unreachable);
-  CHECK(dma::fabric_error(FI_ENOTCONN) == dma::condition::peer_unreachable);
+  CHECK(dma::fabric_error(FI_ECANCELED) == dma::condition::connection_lost);
+  CHECK(dma::fabric_error(FI_ENOTCONN) == dma::condition::connection_lost);
+  CHECK(dma::fabric_error(FI_ECONNREFUSED) == dma::condition::peer_unreachable);
+  CHECK(dma::fabric_error(FI_EACCES) == dma::condition::remote_access_denied);
   CHECK(std::error_code(dma::errc::progress_deadline) == dma::condition::peer_unreachable);
+  CHECK(std::error_code(dma::errc::connection_refused) == dma::condition::peer_unreachable);
+  CHECK(std::error_code(dma::errc::peer_unreachable) == dma::condition::peer_unreachable);
+  CHECK(std::error_code(dma::errc::connection_lost) == dma::condition::connection_lost);
+  CHECK_FALSE(std::error_code(dma::errc::connection_lost) == dma::condition::peer_unreachable);
+  CHECK(std::error_code(dma::errc::remote_access_denied) == dma::condition::remote_access_denied);
   CHECK(std::error_code(dma::errc::address_port_zero) == dma::condition::invalid_advertisement);
   CHECK(std::error_code(dma::errc::no_source) == dma::condition::invalid_operand);
   CHECK(std::error_code(dma::errc::shutdown) == dma::condition::cancelled);
   CHECK_FALSE(std::error_code(dma::errc::shutdown) == dma::condition::peer_unreachable);
 }
 
+TEST_CASE("a transfer's deadline compares equal to std::errc::timed_out and to nothing of the peer's", "[errors]") {
+  const std::error_code ec = dma::errc::timed_out;
+  CHECK(ec == std::errc::timed_out);
+  CHECK_FALSE(ec == dma::condition::peer_unreachable);
+  CHECK_FALSE(ec == dma::condition::cancelled);
+}
+
 TEST_CASE("small libfabric codes compare equal to the matching std::errc", "[errors]") {
+  CHECK(dma::fabric_error(FI_ECANCELED) == std::errc::operation_canceled);
+  CHECK(dma::fabric_error(FI_ETIMEDOUT) == std::errc::timed_out);
   CHECK(dma::fabric_error(-FI_EAGAIN) == std::errc::resource_unavailable_try_again);
   CHECK(dma::fabric_error(-FI_ENOMEM) == std::errc::not_enough_memory);
 }

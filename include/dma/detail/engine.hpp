@@ -1,4 +1,4 @@
-// The engine behind every service: credits, the pending FIFO, peers, the CQ reaper. Everything it
+// The engine behind every service: credits, per-peer queues, peers, the CQ reaper, deadlines. Everything it
 // does to libfabric runs on one strand. The typed front ends (asynchronous::FabricService and the
 // callback FabricService) talk to it through this interface; the implementation is in lib/.
 #pragma once
@@ -32,14 +32,19 @@ struct Metrics {
   std::uint64_t armed_late = 0;     ///< completions found right after arming the fd
   std::uint64_t backstop_hits = 0;  ///< completions the backstop found after the fd stayed silent an interval (~0)
   std::uint64_t joined_pass = 0;    ///< transfers submitted from inside a reaper pass, posted by that pass
-  std::uint64_t context_less_errors = 0;  ///< error entries without an operation (endpoint faults)
-  std::uint64_t queue_errors = 0;         ///< fi_cq_read failures that name no operation
-  std::uint64_t registrations = 0;        ///< fi_mr_reg calls for local operands and pinned regions
-  std::uint64_t cache_hits = 0;           ///< operands served by a cached registration
-  std::uint64_t cache_misses = 0;         ///< operands that found none
-  std::uint64_t cache_evictions = 0;      ///< CacheableSpan entries pushed out by the cache limits
-  std::size_t cache_entries = 0;          ///< cached registrations in this domain now
-  std::size_t cache_bytes = 0;            ///< bytes under cached registrations now (pins included)
+  std::uint64_t timed_out = 0;      ///< transfers that failed at their deadline (errc::timed_out)
+  std::uint64_t cancelled = 0;      ///< transfers cancelled through their handler's slot
+  std::uint64_t peers_marked_unreachable = 0;  ///< times a peer was marked unreachable (back-off began)
+  std::uint64_t reconnects = 0;                ///< fresh address-vector entries for a peer whose connection broke
+  std::uint64_t endpoint_replacements = 0;     ///< endpoints replaced to hand back posted transfers
+  std::uint64_t context_less_errors = 0;       ///< error entries without an operation (endpoint faults)
+  std::uint64_t queue_errors = 0;              ///< fi_cq_read failures that name no operation
+  std::uint64_t registrations = 0;             ///< fi_mr_reg calls for local operands and pinned regions
+  std::uint64_t cache_hits = 0;                ///< operands served by a cached registration
+  std::uint64_t cache_misses = 0;              ///< operands that found none
+  std::uint64_t cache_evictions = 0;           ///< CacheableSpan entries pushed out by the cache limits
+  std::size_t cache_entries = 0;               ///< cached registrations in this domain now
+  std::size_t cache_bytes = 0;                 ///< bytes under cached registrations now (pins included)
 };
 
 namespace detail {
@@ -53,7 +58,8 @@ class Engine {
 
   /// Accepts one transfer (any thread); it completes exactly once through its functions->complete.
   virtual void submit(Operation* op) = 0;
-  /// Cancels op if it is not yet posted (any thread); posted transfers finish normally.
+  /// Cancels op (any thread): a queued one completes at once, a posted one once the reclaimer made
+  /// the provider hand it back (or when it completes first).
   virtual void cancel(Operation* op, std::uint64_t sequence) = 0;
   /// A sequence number for the next operation (any thread).
   virtual std::uint64_t next_sequence() noexcept = 0;
@@ -63,9 +69,11 @@ class Engine {
   /// a pin, keeping keep_alive until the MR is closed; nothing to do where the provider needs no
   /// local registration. Call on strand() only.
   virtual std::error_code pin(std::uintptr_t base, std::size_t length, std::shared_ptr<void> keep_alive) = 0;
-  /// Releases client_id's peer once its accepted transfers have finished (any thread).
+  /// Unbinds client_id from its peer (any thread); the address entry goes once no client and no
+  /// accepted transfer uses it.
   virtual void remove_peer(std::uint64_t client_id) = 0;
-  /// Fails what was never posted, waits (bounded by progress_deadline) for what was, then closes.
+  /// Fails what was never posted, waits (bounded by progress_deadline) for what was, then closes
+  /// the endpoints, which hands back the rest (errc::shutdown).
   virtual void shutdown() = 0;
 
   virtual std::size_t outstanding() const noexcept = 0;

@@ -19,6 +19,10 @@
 namespace dma::detail {
 
 struct Operation;
+struct Peer;  // lib/peer_table.hpp: the address entry a transfer goes to
+
+/// Why a posted operation is to be handed back before the provider returns it by itself.
+enum class Doom : std::uint8_t { none, deadline, cancelled, shutdown };
 
 struct OperationFunctions {
   /// Resolves the local operand from the caller's context (on the engine's strand).
@@ -46,12 +50,19 @@ struct Operation {
   Direction direction = Direction::ToPeer;
   std::size_t length = 0;
   bool want_checksum = false;
+  std::chrono::nanoseconds lifetime{-1};  ///< the request's deadline; negative: the configuration's
 
   // Filled in on the strand.
   std::byte* buffer = nullptr;
   void* descriptor = nullptr;
   std::shared_ptr<void> lease;  ///< the local registration in use, when the provider needs FI_MR_LOCAL
-  std::chrono::steady_clock::time_point stalled_since{};
+  std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
+  Peer* peer = nullptr;        ///< its address entry, from acceptance to completion
+  Operation* older = nullptr;  ///< the engine's list of accepted operations, in acceptance order
+  Operation* newer = nullptr;
+  std::uint32_t generation = 0;  ///< the endpoint it was posted on
+  bool posted = false;           ///< handed to the provider (otherwise queued)
+  Doom doom = Doom::none;
   std::uint64_t sequence = 0;  ///< tells a recycled address from the operation a canceller saw
 
   static Operation* from_context(void* context) noexcept { return static_cast<Operation*>(context); }
@@ -98,6 +109,19 @@ class OperationQueue {
     }
     return false;
   }
+  /// Unlinks every queued operation for which pred holds and hands each to sink, in order; one pass.
+  template <typename Pred, typename Sink>
+  void remove_if(Pred pred, Sink sink) {
+    OperationQueue kept;
+    while (Operation* op = pop_front()) {
+      if (pred(*op)) {
+        sink(op);
+      } else {
+        kept.push_back(op);
+      }
+    }
+    swap(kept);
+  }
   void swap(OperationQueue& other) noexcept {
     std::swap(head_, other.head_);
     std::swap(tail_, other.tail_);
@@ -107,6 +131,39 @@ class OperationQueue {
  private:
   Operation* head_ = nullptr;
   Operation* tail_ = nullptr;
+  std::size_t size_ = 0;
+};
+
+/// Every accepted operation, queued or posted, oldest first: an intrusive doubly-linked list, so
+/// linking and unlinking cost a few stores and no allocation.
+class OutstandingList {
+ public:
+  bool empty() const noexcept { return oldest_ == nullptr; }
+  std::size_t size() const noexcept { return size_; }
+  Operation* oldest() const noexcept { return oldest_; }
+  void push_back(Operation* op) noexcept {
+    op->older = newest_;
+    op->newer = nullptr;
+    (newest_ != nullptr ? newest_->newer : oldest_) = op;
+    newest_ = op;
+    ++size_;
+  }
+  void unlink(Operation* op) noexcept {
+    (op->older != nullptr ? op->older->newer : oldest_) = op->newer;
+    (op->newer != nullptr ? op->newer->older : newest_) = op->older;
+    op->older = op->newer = nullptr;
+    --size_;
+  }
+  /// Whether op (compared by address before anything is read through it) is in the list.
+  bool contains(const Operation* op) const noexcept {
+    for (const Operation* it = oldest_; it != nullptr; it = it->newer)
+      if (it == op) return true;
+    return false;
+  }
+
+ private:
+  Operation* oldest_ = nullptr;
+  Operation* newest_ = nullptr;
   std::size_t size_ = 0;
 };
 

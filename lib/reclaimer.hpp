@@ -1,0 +1,81 @@
+// The reclaimer: hands back posted transfers the provider will not return by itself. tcp and
+// efa-direct cannot cancel a posted RMA, and on tcp;ofi_rxm 1.17 fi_av_remove does not return
+// the writes posted to a frozen or cut-off peer either; only closing the endpoint does. So when a
+// posted transfer is doomed (past its deadline, cancelled), new work moves to a fresh endpoint on
+// the same domain, address vector and completion queue, the old endpoint is still progressed
+// until it holds nothing but doomed transfers, and then it is closed: the provider returns the
+// rest to the shared completion queue, and only then do their handlers run.
+#pragma once
+
+#include <dma/detail/fid.hpp>
+#include <dma/detail/operation.hpp>
+
+#include <rdma/fi_endpoint.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <system_error>
+#include <vector>
+
+namespace dma::detail {
+
+class Reclaimer {
+ public:
+  /// Opens the fresh endpoint and returns the one it replaces (Endpoint::replace_endpoint).
+  using ReplaceFn = std::function<Fid<fid_ep>(std::error_code& ec)>;
+
+  /// At most this many replaced endpoints wait to be closed at once; beyond it, doomed transfers
+  /// on the current endpoint wait for a slot.
+  static constexpr std::size_t max_retiring = 8;
+
+  explicit Reclaimer(ReplaceFn replace) : replace_(std::move(replace)) {}
+
+  /// The generation posts go to now.
+  std::uint32_t current() const noexcept { return current_.generation; }
+  /// op was handed to the provider on the current endpoint.
+  void posted(Operation& op) noexcept {
+    op.generation = current_.generation;
+    ++current_.in_flight;
+  }
+  /// The provider handed op back (a CQ entry arrived for it).
+  void returned(const Operation& op) noexcept {
+    Generation& g = op.generation == current_.generation ? current_ : retiring_of(op.generation);
+    --g.in_flight;
+    if (op.doom != Doom::none) --g.doomed;
+  }
+  /// op is posted and must be handed back as soon as possible; a second doom keeps the first reason.
+  void doom(Operation& op, Doom why) noexcept;
+  /// Whether op's endpoint is closed: its CQ entries must not go through fi_cq_strerror (rxm
+  /// reads the closed endpoint's state there).
+  bool closed(const Operation& op) const noexcept;
+
+  /// Replaces the current endpoint when a doomed transfer is on it, and closes every replaced one
+  /// that holds only doomed transfers. Returns true when it closed one (the CQ now holds entries).
+  bool step(std::error_code& ec);
+  /// Closes every replaced endpoint (shutdown) and marks the current one closed, for the engine
+  /// closes it itself.
+  void close_all() noexcept;
+
+  std::size_t retiring() const noexcept { return retiring_.size(); }
+  std::uint64_t replacements() const noexcept { return replacements_; }
+  std::size_t current_doomed() const noexcept { return current_.doomed; }
+
+ private:
+  struct Generation {
+    std::uint32_t generation = 0;
+    std::size_t in_flight = 0;
+    std::size_t doomed = 0;
+    bool closed = false;
+    Fid<fid_ep> endpoint;  // replaced endpoints only; the current one is the Endpoint's
+  };
+  Generation& retiring_of(std::uint32_t generation) noexcept;
+  const Generation* find(std::uint32_t generation) const noexcept;
+
+  ReplaceFn replace_;
+  Generation current_;
+  std::vector<Generation> retiring_;
+  std::uint64_t replacements_ = 0;
+};
+
+}  // namespace dma::detail

@@ -182,30 +182,53 @@ detail::Fid<fid_ep> Endpoint::open_endpoint(std::error_code& ec) {
   return ep;
 }
 
-detail::Fid<fid_ep> Endpoint::replace_endpoint(std::error_code& ec) {
+Endpoint::Retired Endpoint::replace_endpoint(std::error_code& ec) {
   ec.clear();
   if (!domain_ || !cq_ || !av_) {
     ec = errc::not_open;
     return {};
   }
-  auto fresh = open_endpoint(ec);
-  if (ec) return {};
-  std::swap(fresh, endpoint_);
-  const auto previous_address = local_address_;
-  read_local_address(ec);
-  if (ec) {
-    std::swap(fresh, endpoint_);  // keep the old one in service; the fresh one closes here
-    local_address_ = previous_address;
+  Retired old{std::move(endpoint_), std::move(cq_)};
+  const int old_fd = wait_fd_;
+  const auto old_address = local_address_;
+  auto restore = [&] {
+    endpoint_ = std::move(old.endpoint);
+    cq_ = std::move(old.cq);
+    wait_fd_ = old_fd;
+    local_address_ = old_address;
+  };
+  if (int code = fi_cq_open(domain_.get(), &cq_attr_, cq_.out(), nullptr); code != 0) {
+    ec = fabric_error(code);
+    failed_step_ = "fi_cq_open";
+    restore();
     return {};
   }
-  return fresh;
+  read_wait_fd();
+  endpoint_ = open_endpoint(ec);
+  if (!ec) read_local_address(ec);
+  if (ec) {
+    endpoint_.reset();
+    cq_.reset();
+    restore();
+    return {};
+  }
+  return old;
+}
+
+void Endpoint::read_wait_fd() noexcept {
+  wait_fd_ = -1;
+  if (cq_attr_.wait_obj != FI_WAIT_FD) return;
+  int fd = -1;
+  if (fi_control(&cq_.get()->fid, FI_GETWAIT, &fd) == 0 && fd >= 0) wait_fd_ = fd;
 }
 
 void Endpoint::open_cq(const Configuration& configuration, std::error_code& ec) {
   const std::size_t wanted_credits = requested_in_flight(configuration, info_.tx_size);
   fi_cq_attr attr{};
   attr.format = FI_CQ_FORMAT_CONTEXT;
-  attr.size = configuration.cq_size != 0 ? configuration.cq_size : std::max<std::size_t>(64, 2 * wanted_credits);
+  // Room for many peers' credits: a peer that stops answering holds its credits until their
+  // deadline, and the others post meanwhile.
+  attr.size = configuration.cq_size != 0 ? configuration.cq_size : std::max<std::size_t>(1024, 2 * wanted_credits);
   attr.wait_obj = configuration.wait_mode == WaitMode::busy_poll ? FI_WAIT_NONE : FI_WAIT_FD;
   int code = fi_cq_open(domain_.get(), &attr, cq_.out(), nullptr);
   if (code != 0 && attr.wait_obj == FI_WAIT_FD) {
@@ -220,10 +243,9 @@ void Endpoint::open_cq(const Configuration& configuration, std::error_code& ec) 
   }
   info_.cq_size = attr.size;
   info_.credits = std::min(wanted_credits, info_.cq_size);
-  if (attr.wait_obj == FI_WAIT_FD) {
-    int fd = -1;
-    if (fi_control(&cq_.get()->fid, FI_GETWAIT, &fd) == 0 && fd >= 0) wait_fd_ = fd;
-  }
+  info_.in_flight_limit = info_.tx_size == 0 ? info_.cq_size : std::min(info_.tx_size, info_.cq_size);
+  cq_attr_ = attr;
+  read_wait_fd();
   info_.wait_fd = wait_fd_ >= 0;
 }
 

@@ -176,6 +176,7 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
       return;
     }
     credits_ = endpoint_.credits();
+    limit_ = std::max<std::size_t>(credits_, endpoint_.in_flight_limit());
     domain_key_ = endpoint_.domain();
     provider_keys_ = (endpoint_.describe().mr_mode & FI_MR_PROV_KEY) != 0;
     addresses_.push_back(endpoint_.local_address());
@@ -375,9 +376,13 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
   void post_pending() {
     if (!endpoint_.is_open()) return;
     if (flows_.any_parked()) flows_.unpark_all();
-    while (in_flight_ < credits_) {
+    while (in_flight_ < limit_) {
       PeerFlow* flow = flows_.front();
       if (flow == nullptr) return;
+      if (flow->in_flight >= credits_) {
+        flows_.remove(*flow);  // its credits are used up; it rejoins when one comes back
+        continue;
+      }
       Peer& peer = peer_of(*flow);
       if (flow->refresh && !reconnect(peer)) continue;
       Operation* op = flow->queue.front();
@@ -388,7 +393,8 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
         finish(op, ec, 0, "preparing the post");
         continue;
       }
-      const bool more = (op->next != nullptr || flows_.others_ready(*flow)) && in_flight_ + 1 < credits_;
+      const bool more = ((op->next != nullptr && flow->in_flight + 1 < credits_) || flows_.others_ready(*flow)) &&
+                        in_flight_ + 1 < limit_;
       const ssize_t rc = post(*op, peer.handle, more);
       if (rc == 0) {
         dequeue(*flow);
@@ -555,10 +561,17 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
     return finished;
   }
 
+  // Drains the current endpoint's CQ, then those of replaced endpoints still returning transfers.
   std::size_t drain_cq() {
+    std::size_t finished = drain(endpoint_.cq());
+    if (reclaimer_.retiring() != 0) reclaimer_.for_each_retired_cq([&](fid_cq* cq) { finished += drain(cq); });
+    return finished;
+  }
+
+  std::size_t drain(fid_cq* cq) {
     std::size_t finished = 0;
     for (;;) {
-      const ssize_t n = fi_cq_read(endpoint_.cq(), entries_.data(), entries_.size());
+      const ssize_t n = fi_cq_read(cq, entries_.data(), entries_.size());
       if (n > 0) {
         cq_reads_.add();
         for (ssize_t i = 0; i < n; ++i) {
@@ -573,7 +586,7 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
         continue;
       }
       if (n == -FI_EAVAIL) {
-        const int read = read_error();
+        const int read = read_error(cq);
         if (read < 0) return finished;  // fi_cq_readerr failed: never spin on -FI_EAVAIL
         finished += static_cast<std::size_t>(read);
         continue;
@@ -600,8 +613,12 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
     --in_flight_;
     reclaimer_.returned(*op);
     PeerFlow& flow = op->peer->flow;
-    // The flow waited for this to replace its address-vector entry: it may post again.
-    if (--flow.in_flight == 0 && flow.refresh && !flow.queue.empty()) flows_.ready(flow);
+    --flow.in_flight;
+    // Out of the round-robin with work left: its credits were used up, or it waited for this to
+    // replace its address-vector entry. Either way it may post again.
+    if (flow.place == PeerFlow::Place::idle && !flow.queue.empty() && (!flow.refresh || flow.in_flight == 0)) {
+      flows_.ready(flow);
+    }
   }
 
   // A CQ entry's completion: the hot path, with no error code or detail to build.
@@ -612,9 +629,9 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
   }
 
   // Returns 1 when it completed an operation, 0 for an entry without one, -1 when fi_cq_readerr failed.
-  int read_error() {
+  int read_error(fid_cq* cq) {
     fi_cq_err_entry entry{};
-    const ssize_t rc = fi_cq_readerr(endpoint_.cq(), &entry, 0);
+    const ssize_t rc = fi_cq_readerr(cq, &entry, 0);
     if (rc <= 0) {
       queue_errors_.add();
       return -1;
@@ -632,7 +649,7 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
     // rxm reads the endpoint's state to format an entry: never for one a closed endpoint returned.
     if (!reclaimer_.closed(*op)) {
       char text[256] = {};
-      const char* provider_text = fi_cq_strerror(endpoint_.cq(), entry.prov_errno, entry.err_data, text, sizeof text);
+      const char* provider_text = fi_cq_strerror(cq, entry.prov_errno, entry.err_data, text, sizeof text);
       if (provider_text != nullptr && *provider_text != '\0') detail += "; provider: " + std::string(provider_text);
     }
     if (op->doom != Doom::none) {
@@ -734,7 +751,9 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
     }
     for (PeerFlow* flow : late_peers) {
       if (!flow->backing_off(now)) {
-        mark_unreachable(*flow, now, errc::peer_unreachable, "a transfer posted to the peer passed its deadline");
+        mark_unreachable(*flow, now, errc::timed_out,
+                         "the peer did not complete a transfer posted to it within its deadline; this one was "
+                         "queued behind it");
       }
     }
     for (PeerFlow* flow : queues)
@@ -759,18 +778,35 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
     reclaim();
   }
 
-  // Lets the reclaimer replace or close endpoints; a closed one's transfers are in the CQ now.
+  // Lets the reclaimer replace or close endpoints. A closed endpoint has handed its transfers to
+  // its CQ by the time fi_close returns: they are completed here, then its CQ goes.
   void reclaim() {
     std::error_code ec;
     const std::uint64_t before = reclaimer_.replacements();
     const bool closed_one = reclaimer_.step(ec);
-    if (reclaimer_.replacements() != before) {
-      replacements_.add();
+    if (reclaimer_.replacements() != before) adopt_new_endpoint();
+    if (ec) queue_errors_.add();  // no fresh endpoint: the doomed transfers wait for the next try
+    if (closed_one) {
+      (void)drain_cq();
+      reclaimer_.collect();
+      post_pending();
+      schedule_progress();
+    }
+  }
+
+  // The endpoint was replaced: new address, new CQ, new wait fd.
+  void adopt_new_endpoint() {
+    replacements_.add();
+    {
       std::lock_guard lock(address_mutex_);
       addresses_.push_back(endpoint_.local_address());
     }
-    if (ec) queue_errors_.add();  // no fresh endpoint: the doomed transfers wait for the next try
-    if (closed_one) schedule_poll();
+    if (!descriptor_) return;
+    wait_armed_ = false;  // its handler runs as operation_aborted and touches nothing
+    descriptor_->cancel();
+    (void)descriptor_->release();
+    descriptor_.reset();
+    if (endpoint_.wait_fd() >= 0) descriptor_.emplace(strand_, endpoint_.wait_fd());
   }
 
   // ---- progress ----------------------------------------------------------------------------
@@ -974,11 +1010,12 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
     }
     reclaimer_.close_all();
     endpoint_.close_endpoint();
-    // Whatever the provider never handed back cannot come back now; the CQ closes below.
+    // Whatever the provider never handed back cannot come back now; the CQs close below.
     while (Operation* op = accepted_.oldest()) {
       if (op->posted) --in_flight_;
       finish(op, doom_error(op->doom == Doom::none ? Doom::shutdown : op->doom), 0, "the provider never returned it");
     }
+    reclaimer_.clear();
     if (peers_) peers_->clear();
     peers_.reset();
     release_registrations();
@@ -1013,6 +1050,7 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
       op->lease.reset();
       op->functions->destroy(op);
     }
+    reclaimer_.clear();
     if (peers_) peers_->clear();
     release_registrations();
     endpoint_.close();
@@ -1048,7 +1086,8 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
   FlowScheduler flows_;
   std::size_t queued_ = 0;  ///< accepted, not yet posted (in the peers' queues)
   std::size_t in_flight_ = 0;
-  std::size_t credits_ = 1;
+  std::size_t credits_ = 1;  ///< per peer
+  std::size_t limit_ = 1;    ///< all peers together
   Clock::time_point accept_clock_{};
   Clock::time_point next_deadline_ = Clock::time_point::max();  ///< no accepted deadline is earlier
   std::chrono::nanoseconds stall_retry_ = std::chrono::milliseconds(1);

@@ -19,10 +19,11 @@ bool Reclaimer::closed(const Operation& op) const noexcept {
 bool Reclaimer::step(std::error_code& ec) {
   ec.clear();
   if (current_.doomed != 0 && !current_.closed && retiring_.size() < max_retiring) {
-    Fid<fid_ep> old = replace_(ec);
+    Endpoint::Retired old = replace_(ec);
     if (!ec) {
       Generation retired = std::move(current_);
-      retired.endpoint = std::move(old);
+      retired.endpoint = std::move(old.endpoint);
+      retired.cq = std::move(old.cq);
       retiring_.push_back(std::move(retired));
       current_ = Generation{};
       current_.generation = retiring_.back().generation + 1;
@@ -32,12 +33,16 @@ bool Reclaimer::step(std::error_code& ec) {
   bool closed_one = false;
   for (Generation& g : retiring_) {
     if (g.closed || g.in_flight != g.doomed) continue;
-    g.endpoint.reset();  // the provider returns what it still holds to the CQ, as FI_ECANCELED
+    g.endpoint.reset();  // the provider returns what it still holds to its CQ, as FI_ECANCELED
     g.closed = true;
     closed_one = true;
   }
-  std::erase_if(retiring_, [](const Generation& g) { return g.closed && g.in_flight == 0; });
+  collect();
   return closed_one;
+}
+
+void Reclaimer::collect() noexcept {
+  std::erase_if(retiring_, [](const Generation& g) { return g.closed && g.in_flight == 0; });
 }
 
 void Reclaimer::close_all() noexcept {

@@ -1,14 +1,15 @@
 // The reclaimer: hands back posted transfers the provider will not return by itself. tcp and
 // efa-direct cannot cancel a posted RMA, and on tcp;ofi_rxm 1.17 fi_av_remove does not return
 // the writes posted to a frozen or cut-off peer either; only closing the endpoint does. So when a
-// posted transfer is doomed (past its deadline, cancelled), new work moves to a fresh endpoint on
-// the same domain, address vector and completion queue, the old endpoint is still progressed
-// until it holds nothing but doomed transfers, and then it is closed: the provider returns the
-// rest to the shared completion queue, and only then do their handlers run.
+// posted transfer is doomed (past its deadline, cancelled), new work moves to a fresh endpoint
+// (with a completion queue of its own) on the same domain and address vector, the old endpoint is
+// still progressed through its queue until it holds nothing but doomed transfers, and then it is
+// closed: the provider returns the rest to the old queue, and only then do their handlers run.
 #pragma once
 
 #include <dma/detail/fid.hpp>
 #include <dma/detail/operation.hpp>
+#include <dma/endpoint.hpp>
 
 #include <rdma/fi_endpoint.h>
 
@@ -23,7 +24,7 @@ namespace dma::detail {
 class Reclaimer {
  public:
   /// Opens the fresh endpoint and returns the one it replaces (Endpoint::replace_endpoint).
-  using ReplaceFn = std::function<Fid<fid_ep>(std::error_code& ec)>;
+  using ReplaceFn = std::function<Endpoint::Retired(std::error_code& ec)>;
 
   /// At most this many replaced endpoints wait to be closed at once; beyond it, doomed transfers
   /// on the current endpoint wait for a slot.
@@ -51,11 +52,21 @@ class Reclaimer {
   bool closed(const Operation& op) const noexcept;
 
   /// Replaces the current endpoint when a doomed transfer is on it, and closes every replaced one
-  /// that holds only doomed transfers. Returns true when it closed one (the CQ now holds entries).
+  /// that holds only doomed transfers. Returns true when it closed one (its CQ now holds entries).
   bool step(std::error_code& ec);
+  /// Runs f(cq) for the completion queue of every replaced endpoint that may still return entries.
+  template <typename F>
+  void for_each_retired_cq(F&& f) {
+    for (Generation& g : retiring_)
+      if (g.in_flight != 0) f(g.cq.get());
+  }
+  /// Drops the replaced endpoints whose transfers have all come back, closing their queues.
+  void collect() noexcept;
   /// Closes every replaced endpoint (shutdown) and marks the current one closed, for the engine
   /// closes it itself.
   void close_all() noexcept;
+  /// Closes the replaced endpoints' queues too (before the domain closes).
+  void clear() noexcept { retiring_.clear(); }
 
   std::size_t retiring() const noexcept { return retiring_.size(); }
   std::uint64_t replacements() const noexcept { return replacements_; }
@@ -67,7 +78,8 @@ class Reclaimer {
     std::size_t in_flight = 0;
     std::size_t doomed = 0;
     bool closed = false;
-    Fid<fid_ep> endpoint;  // replaced endpoints only; the current one is the Endpoint's
+    Fid<fid_ep> endpoint;  // replaced endpoints only; the current ones are the Endpoint's
+    Fid<fid_cq> cq;        // closed after the endpoint
   };
   Generation& retiring_of(std::uint32_t generation) noexcept;
   const Generation* find(std::uint32_t generation) const noexcept;

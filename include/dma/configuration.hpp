@@ -47,7 +47,9 @@ struct Configuration {
   /// tcp: the port to listen on at `bind` (a Target that peers must find again after a restart);
   /// none lets the system choose a free one.
   std::optional<std::uint16_t> port;
-  /// Transfers posted at once; none means 64. Clamped to the provider's tx size and the CQ size.
+  /// Transfers posted at once to one peer; none means 64. Clamped to the provider's tx size and
+  /// the CQ size. All peers together post at most min(tx size, CQ size) at once, so a peer that
+  /// stops answering holds only its own credits.
   std::optional<std::size_t> max_in_flight;
   /// Advice for sizing the Pool; the library does not read it.
   std::optional<std::size_t> crc_pool_threads;
@@ -69,7 +71,7 @@ struct Configuration {
   std::chrono::nanoseconds unreachable_backoff_max = std::chrono::seconds(30);
 
   // Beyond the Rust crate.
-  /// Completion queue entries to ask for; 0 means twice the in-flight cap (at least 64).
+  /// Completion queue entries to ask for; 0 means twice the per-peer cap, at least 1024.
   std::size_t cq_size = 0;
   WaitMode wait_mode = WaitMode::adaptive;
   /// adaptive: how long to keep polling the CQ after a drain before arming the wait fd.

@@ -28,10 +28,11 @@ struct EndpointInfo {
   std::uint64_t caps = 0;
   bool requires_local_mr = false;
   bool uses_virtual_addressing = false;
-  std::size_t tx_size = 0;  ///< tx_attr->size
-  std::size_t cq_size = 0;  ///< completion queue entries
-  std::size_t credits = 0;  ///< transfers the service posts at once
-  bool wait_fd = false;     ///< whether the CQ has an FI_WAIT_FD descriptor
+  std::size_t tx_size = 0;          ///< tx_attr->size
+  std::size_t cq_size = 0;          ///< completion queue entries
+  std::size_t credits = 0;          ///< transfers the service posts at once to one peer
+  std::size_t in_flight_limit = 0;  ///< transfers posted at once to all peers: min(tx_size, cq_size)
+  bool wait_fd = false;             ///< whether the CQ has an FI_WAIT_FD descriptor
 
   /// provider, addr_format, mr_mode, caps, requires_local_mr, uses_virtual_addressing: the seed's
   /// six lines, exactly.
@@ -64,11 +65,18 @@ class Endpoint {
   /// Closes only the endpoint: the provider then returns every posted operation to the still-open
   /// CQ (as FI_ECANCELED), which is the one way to reclaim operations a hung peer holds.
   void close_endpoint() noexcept { endpoint_.reset(); }
-  /// Opens a fresh endpoint on the same domain, address vector and completion queue and makes it
-  /// the one endpoint() returns; hands back the previous one, still open, so its posted operations
-  /// can finish (closing it makes the provider return the rest to the shared CQ). local_address()
-  /// changes with it. On failure nothing changes.
-  detail::Fid<fid_ep> replace_endpoint(std::error_code& ec);
+  /// A replaced endpoint and its completion queue, both still open.
+  struct Retired {
+    detail::Fid<fid_ep> endpoint;
+    detail::Fid<fid_cq> cq;
+  };
+  /// Opens a fresh endpoint with a fresh completion queue (same attributes) on the same domain and
+  /// address vector, and makes them the ones endpoint() and cq() return; hands back the previous
+  /// pair, still open, so its posted operations can finish. Closing the old endpoint makes the
+  /// provider return the rest to the old CQ. A CQ is never shared between endpoints, since rxm
+  /// leaves a closed endpoint's descriptors in its CQ's wait set (fi_trywait then reads freed
+  /// memory). local_address() and wait_fd() change with it. On failure nothing changes.
+  Retired replace_endpoint(std::error_code& ec);
   bool is_open() const noexcept { return static_cast<bool>(endpoint_); }
 
   /// The endpoint's fi_getname bytes (taken at open).
@@ -78,6 +86,7 @@ class Endpoint {
   bool requires_local_mr() const noexcept { return info_.requires_local_mr; }
   bool uses_virtual_addressing() const noexcept { return info_.uses_virtual_addressing; }
   std::size_t credits() const noexcept { return info_.credits; }
+  std::size_t in_flight_limit() const noexcept { return info_.in_flight_limit; }
   /// The CQ's wait descriptor (owned by libfabric: never close it), or -1 without one.
   int wait_fd() const noexcept { return wait_fd_; }
 
@@ -104,6 +113,7 @@ class Endpoint {
   void open_objects(const Configuration& configuration, std::error_code& ec);
   void open_cq(const Configuration& configuration, std::error_code& ec);
   detail::Fid<fid_ep> open_endpoint(std::error_code& ec);
+  void read_wait_fd() noexcept;
   void read_local_address(std::error_code& ec);
 
   std::unique_ptr<fi_info, InfoDeleter> fi_info_;
@@ -115,6 +125,7 @@ class Endpoint {
   EndpointInfo info_;
   std::vector<std::uint8_t> local_address_;
   int wait_fd_ = -1;
+  fi_cq_attr cq_attr_{};
   std::string failed_step_;
 };
 

@@ -1,0 +1,535 @@
+// Failing peers, as a user sees them: dead, restarted, frozen and hostile targets in processes of
+// their own (ended by PID), and what the service's transfers report. Deadlines are configured
+// short so the suite stays quick; the time bounds are generous, never a measurement.
+#include "../catch.hpp"
+#include "../child_process.hpp"
+
+#include <dma/dma.hpp>
+
+#include <asio/bind_cancellation_slot.hpp>
+#include <asio/cancellation_signal.hpp>
+#include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
+#include <asio/experimental/awaitable_operators.hpp>
+#include <asio/io_context.hpp>
+#include <asio/steady_timer.hpp>
+#include <asio/use_awaitable.hpp>
+
+#include <dirent.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+struct Payload {
+  std::vector<std::byte> bytes;
+  int id = 0;
+  std::span<const std::byte> source() const { return bytes; }
+  std::span<std::byte> allocate(std::size_t n) {
+    bytes.resize(n);
+    return bytes;
+  }
+};
+
+using Service = dma::asynchronous::FabricService<Payload>;
+
+std::string fault_target() { return test::sibling_program("DMA_FAULT_TARGET", "fault-target"); }
+
+/// A fault-target process and its advertisement.
+struct Peer {
+  std::unique_ptr<test::Child> child;
+  dma::Advertisement ad;
+
+  static Peer start(std::size_t size = 1 << 20, std::optional<std::uint16_t> port = std::nullopt) {
+    std::vector<std::string> args{fault_target(), "--size", std::to_string(size)};
+    if (port) {
+      args.push_back("--port");
+      args.push_back(std::to_string(*port));
+    }
+    Peer peer{std::make_unique<test::Child>(args), {}};
+    const std::string line = peer.child->line();
+    INFO("fault-target printed: " << line);
+    const std::string prefix = "advertisement: ";
+    REQUIRE(line.rfind(prefix, 0) == 0);
+    peer.ad = dma::Advertisement::parse(line.substr(prefix.size()));
+    return peer;
+  }
+  std::uint16_t port() const { return static_cast<std::uint16_t>(ad.address[2] << 8 | ad.address[3]); }
+};
+
+dma::Configuration configuration() {
+  dma::Configuration c;
+  c.bind = "127.0.0.1";
+  return c;
+}
+
+/// Completions by transfer id, counted so a second delivery shows.
+struct Ledger {
+  std::map<int, std::vector<dma::Outcome>> outcomes;
+  std::map<int, Clock::time_point> at;
+  std::size_t delivered = 0;
+
+  auto handler(int id) {
+    return [this, id](dma::Completion<Payload> c) {
+      outcomes[id].push_back(c.outcome);
+      at[id] = Clock::now();
+      ++delivered;
+    };
+  }
+  bool exactly_once(int first, int count) const {
+    for (int id = first; id < first + count; ++id) {
+      auto it = outcomes.find(id);
+      if (it == outcomes.end() || it->second.size() != 1) return false;
+    }
+    return true;
+  }
+  std::size_t count_if(int first, int count, const std::function<bool(const dma::Outcome&)>& pred) const {
+    std::size_t n = 0;
+    for (int id = first; id < first + count; ++id) {
+      auto it = outcomes.find(id);
+      if (it != outcomes.end() && !it->second.empty() && pred(it->second.front())) ++n;
+    }
+    return n;
+  }
+  const dma::Outcome& of(int id) const { return outcomes.at(id).front(); }
+};
+
+dma::TransferRequest<Payload> write_to(const dma::Advertisement& ad, std::uint64_t client, std::size_t size, int id) {
+  dma::TransferRequest<Payload> r;
+  r.client_id = client;
+  r.set_peer(ad);
+  r.direction = dma::Direction::ToPeer;
+  r.caller_context.bytes.assign(size, std::byte{static_cast<unsigned char>(id)});
+  r.caller_context.id = id;
+  return r;
+}
+
+/// Runs io until pred holds or the bound passes; returns whether pred held.
+bool run_until(asio::io_context& io, const std::function<bool()>& pred, std::chrono::milliseconds bound) {
+  const auto deadline = Clock::now() + bound;
+  while (!pred()) {
+    if (Clock::now() >= deadline) return false;
+    io.restart();
+    io.run_for(5ms);
+  }
+  return true;
+}
+
+std::size_t open_fds() {
+  std::size_t n = 0;
+  if (DIR* dir = opendir("/proc/self/fd")) {
+    while (readdir(dir) != nullptr)
+      ++n;
+    closedir(dir);
+  }
+  return n;
+}
+
+std::size_t rss_kib() {
+  std::ifstream status("/proc/self/status");
+  std::string key;
+  while (status >> key) {
+    if (key == "VmRSS:") {
+      std::size_t kib = 0;
+      status >> kib;
+      return kib;
+    }
+    status.ignore(1 << 12, '\n');
+  }
+  return 0;
+}
+
+bool is_timed_out(const dma::Outcome& o) { return o.error() == std::errc::timed_out; }
+bool is_ok(const dma::Outcome& o) { return o.ok(); }
+
+}  // namespace
+
+TEST_CASE("writes queued to a dead peer do not delay a healthy peer's write", "[faults][dead]") {
+  Peer dead = Peer::start();
+  dead.child->kill_now();
+  Peer healthy = Peer::start();
+  asio::io_context io;
+  Service service(io, configuration());
+  Ledger ledger;
+  for (int id = 0; id < 5; ++id)
+    service.submit(write_to(dead.ad, 1, 4096, id), ledger.handler(id));
+  const auto start = Clock::now();
+  service.submit(write_to(healthy.ad, 2, 4096, 5), ledger.handler(5));
+
+  REQUIRE(run_until(
+      io, [&] { return ledger.outcomes.count(5) != 0; }, 10s));
+  INFO(ledger.of(5).message());
+  CHECK(ledger.of(5).ok());
+  CHECK(ledger.at[5] - start < 500ms);
+
+  REQUIRE(run_until(
+      io, [&] { return ledger.delivered == 6; }, 10s));
+  CHECK(ledger.exactly_once(0, 6));
+  for (int id = 0; id < 5; ++id) {
+    INFO(ledger.of(id).message());
+    CHECK(ledger.of(id).error() == dma::condition::peer_unreachable);
+  }
+  CHECK(service.outstanding() == 0);
+}
+
+TEST_CASE("a killed target's 1000 queued writes are each delivered once, and a restarted one is reachable",
+          "[faults][kill]") {
+  constexpr int total = 1000;
+  constexpr std::size_t size = 256 * 1024;
+  Peer peer = Peer::start(size);
+  asio::io_context io;
+  Service service(io, configuration());
+  Ledger ledger;
+  const auto start = Clock::now();
+  for (int id = 0; id < total; ++id)
+    service.submit(write_to(peer.ad, 1, size, id), ledger.handler(id));
+  REQUIRE(run_until(
+      io, [&] { return ledger.delivered >= 20; }, 10s));
+  peer.child->kill_now();
+
+  REQUIRE(run_until(
+      io, [&] { return ledger.delivered == total; }, 20s));
+  CHECK(Clock::now() - start < 20s);
+  CHECK(ledger.exactly_once(0, total));
+  const std::size_t ok = ledger.count_if(0, total, is_ok);
+  INFO("succeeded before the kill: " << ok);
+  CHECK(ok >= 20);
+  CHECK(ok < static_cast<std::size_t>(total));
+  CHECK(service.outstanding() == 0);
+
+  // At a new port, the same client writes again without remove_peer.
+  Peer again = Peer::start(size);
+  service.submit(write_to(again.ad, 1, 4096, total), ledger.handler(total));
+  REQUIRE(run_until(
+      io, [&] { return ledger.delivered == total + 1; }, 10s));
+  INFO(ledger.of(total).message());
+  CHECK(ledger.of(total).ok());
+}
+
+TEST_CASE("a target restarted at the same port is written to again once its back-off has passed", "[faults][kill]") {
+  auto config = configuration();
+  config.progress_deadline = 300ms;
+  config.unreachable_backoff = 500ms;
+  config.unreachable_backoff_max = 1s;
+  std::optional<Peer> peer;
+  std::uint16_t port = 0;
+  std::mt19937 random(static_cast<unsigned>(getpid()));
+  for (int attempt = 0; attempt < 20 && !peer; ++attempt) {
+    port = static_cast<std::uint16_t>(20000 + random() % 30000);
+    Peer candidate = Peer::start(4096, port);
+    if (candidate.port() == port) peer = std::move(candidate);
+  }
+  REQUIRE(peer);
+  asio::io_context io;
+  Service service(io, config);
+  Ledger ledger;
+  service.submit(write_to(peer->ad, 1, 4096, 0), ledger.handler(0));
+  REQUIRE(run_until(
+      io, [&] { return ledger.delivered == 1; }, 10s));
+  REQUIRE(ledger.of(0).ok());
+
+  peer->child->kill_now();
+  service.submit(write_to(peer->ad, 1, 4096, 1), ledger.handler(1));
+  REQUIRE(run_until(
+      io, [&] { return ledger.delivered == 2; }, 10s));
+  INFO(ledger.of(1).message());
+  CHECK_FALSE(ledger.of(1).ok());
+
+  Peer restarted = Peer::start(4096, port);
+  REQUIRE(restarted.port() == port);
+  // Submit until one lands: the first ones may still find the peer backing off.
+  int id = 2;
+  const bool landed = run_until(
+      io,
+      [&] {
+        if (ledger.outcomes.count(id) != 0) {
+          if (ledger.of(id).ok()) return true;
+          ++id;
+        }
+        if (ledger.at.count(id) == 0) {
+          service.submit(write_to(restarted.ad, 1, 4096, id), ledger.handler(id));
+          ledger.at[id] = Clock::now();
+        }
+        return false;
+      },
+      15s);
+  CHECK(landed);
+  CHECK(service.metrics().reconnects >= 1);
+}
+
+TEST_CASE("writes posted and queued to a frozen peer fail at their deadline; a healthy peer never notices",
+          "[faults][frozen]") {
+  constexpr int total = 200;
+  Peer frozen = Peer::start(1 << 20);
+  Peer healthy = Peer::start(1 << 20);
+  auto config = configuration();
+  config.transfer_deadline = 2s;
+  asio::io_context io;
+  Service service(io, config);
+  Ledger ledger;
+  service.submit(write_to(frozen.ad, 1, 4096, -1), ledger.handler(-1));
+  REQUIRE(run_until(
+      io, [&] { return ledger.delivered == 1; }, 10s));
+  REQUIRE(ledger.of(-1).ok());
+
+  frozen.child->signal(SIGSTOP);
+  const auto start = Clock::now();
+  for (int id = 0; id < total; ++id)
+    service.submit(write_to(frozen.ad, 1, 64 * 1024, id), ledger.handler(id));
+  // The healthy peer keeps its latency meanwhile.
+  int healthy_ok = 0;
+  for (int round = 0; round < 10; ++round) {
+    const int id = 1000 + round;
+    service.submit(write_to(healthy.ad, 2, 4096, id), ledger.handler(id));
+    REQUIRE(run_until(
+        io, [&] { return ledger.outcomes.count(id) != 0; }, 5s));
+    healthy_ok += ledger.of(id).ok() ? 1 : 0;
+  }
+  INFO("a healthy outcome: " << ledger.of(1000).message());
+  CHECK(healthy_ok == 10);
+
+  REQUIRE(run_until(
+      io, [&] { return ledger.delivered == 1 + total + 10; }, 10s));
+  CHECK(Clock::now() - start < config.transfer_deadline + 2s);
+  CHECK(ledger.exactly_once(0, total));
+  INFO("first and last frozen outcomes: " << ledger.of(0).message() << " / " << ledger.of(total - 1).message());
+  CHECK(ledger.count_if(0, total, is_timed_out) == total);
+  CHECK(service.metrics().endpoint_replacements >= 1);
+  CHECK(service.outstanding() == 0);
+
+  // The next transfer to the frozen peer fails fast while it backs off.
+  service.submit(write_to(frozen.ad, 1, 4096, 2000), ledger.handler(2000));
+  REQUIRE(run_until(
+      io, [&] { return ledger.outcomes.count(2000) != 0; }, 2s));
+  CHECK(ledger.of(2000).error() == dma::condition::peer_unreachable);
+  frozen.child->signal(SIGCONT);
+}
+
+TEST_CASE("co_await (submit || timer) returns soon after the timer for a posted and for a queued transfer",
+          "[faults][cancel]") {
+  using namespace asio::experimental::awaitable_operators;
+  Peer frozen = Peer::start(1 << 20);
+  auto config = configuration();
+  config.max_in_flight = 1;  // the second transfer waits in the queue behind the first
+  asio::io_context io;
+  Service service(io, config);
+  Ledger ledger;
+  service.submit(write_to(frozen.ad, 1, 4096, 0), ledger.handler(0));
+  REQUIRE(run_until(
+      io, [&] { return ledger.delivered == 1; }, 10s));
+  frozen.child->signal(SIGSTOP);
+
+  struct Result {
+    std::size_t index = 9;
+    Clock::duration after_timer{};
+    std::optional<std::error_code> error;
+  };
+  Result results[2];
+  auto race = [&](int which) -> asio::awaitable<void> {
+    asio::steady_timer timer(io, 300ms);
+    auto request = write_to(frozen.ad, 1, 1 << 20, 10 + which);
+    const auto fired = Clock::now() + 300ms;
+    auto outcome = co_await (service.submit(std::move(request)) || timer.async_wait(asio::use_awaitable));
+    results[which].index = outcome.index();
+    results[which].after_timer = Clock::now() - fired;
+    if (outcome.index() == 0) results[which].error = std::get<0>(outcome).outcome.error();
+  };
+  int finished = 0;
+  for (int which = 0; which < 2; ++which)
+    asio::co_spawn(io, race(which), [&](std::exception_ptr) { ++finished; });
+  REQUIRE(run_until(
+      io, [&] { return finished == 2; }, 10s));
+  for (const auto& r : results) {
+    CHECK(r.index == 1);
+    CHECK(r.after_timer < 2s);
+  }
+  CHECK(service.metrics().cancelled == 2);
+  CHECK(service.outstanding() == 0);
+  frozen.child->signal(SIGCONT);
+}
+
+TEST_CASE("close() with writes posted to a frozen peer delivers each within progress_deadline plus 2 s",
+          "[faults][shutdown]") {
+  Peer frozen = Peer::start(1 << 20);
+  asio::io_context io;
+  auto service = std::make_unique<Service>(io, configuration());
+  Ledger ledger;
+  service->submit(write_to(frozen.ad, 1, 4096, -1), ledger.handler(-1));
+  REQUIRE(run_until(
+      io, [&] { return ledger.delivered == 1; }, 10s));
+  frozen.child->signal(SIGSTOP);
+  for (int id = 0; id < 100; ++id)
+    service->submit(write_to(frozen.ad, 1, 64 * 1024, id), ledger.handler(id));
+  io.restart();
+  io.run_for(100ms);  // posted
+  const auto start = Clock::now();
+  service.reset();  // close(), then the service object is gone
+  REQUIRE(run_until(
+      io, [&] { return ledger.delivered == 101; }, 10s));
+  CHECK(Clock::now() - start < dma::Configuration{}.progress_deadline + 2s);
+  CHECK(ledger.exactly_once(0, 100));
+  CHECK(ledger.count_if(0, 100, [](const dma::Outcome& o) { return o.error() == dma::errc::shutdown; }) == 100);
+  frozen.child->signal(SIGCONT);
+}
+
+TEST_CASE("the callback service's destructor returns with writes posted to a frozen peer", "[faults][shutdown]") {
+  Peer frozen = Peer::start(1 << 20);
+  std::mutex mutex;
+  std::vector<dma::Outcome> seen;
+  auto service = dma::FabricService<Payload>::start(
+      configuration(),
+      [&](std::span<dma::Completion<Payload>> batch) {
+        std::lock_guard lock(mutex);
+        for (auto& c : batch)
+          seen.push_back(c.outcome);
+      },
+      nullptr);
+  REQUIRE_FALSE(service->submit(write_to(frozen.ad, 1, 4096, 0)));
+  const auto warm = Clock::now() + 10s;
+  while (Clock::now() < warm) {
+    {
+      std::lock_guard lock(mutex);
+      if (!seen.empty()) break;
+    }
+    std::this_thread::sleep_for(2ms);
+  }
+  frozen.child->signal(SIGSTOP);
+  for (int id = 1; id <= 50; ++id)
+    REQUIRE_FALSE(service->submit(write_to(frozen.ad, 1, 64 * 1024, id)));
+  std::this_thread::sleep_for(100ms);
+  const auto start = Clock::now();
+  service.reset();
+  CHECK(Clock::now() - start < dma::Configuration{}.progress_deadline + 2s);
+  std::lock_guard lock(mutex);
+  CHECK(seen.size() == 51);
+  frozen.child->signal(SIGCONT);
+}
+
+TEST_CASE("a write with a wrong key fails alone; the next correct write to that target succeeds", "[faults][hostile]") {
+  Peer peer = Peer::start(4096);
+  asio::io_context io;
+  Service service(io, configuration());
+  Ledger ledger;
+  auto bad_key = write_to(peer.ad, 1, 4096, 0);
+  bad_key.remote_key ^= 0x5a5a;
+  service.submit(std::move(bad_key), ledger.handler(0));
+  REQUIRE(run_until(
+      io, [&] { return ledger.delivered == 1; }, 10s));
+  INFO(ledger.of(0).message());
+  CHECK(ledger.of(0).error() == dma::errc::connection_lost);
+  CHECK(ledger.of(0).error() == dma::condition::connection_lost);
+
+  // A second client sharing the address, and the first one again: both land, no back-off.
+  service.submit(write_to(peer.ad, 2, 4096, 1), ledger.handler(1));
+  service.submit(write_to(peer.ad, 1, 4096, 2), ledger.handler(2));
+  REQUIRE(run_until(
+      io, [&] { return ledger.delivered == 3; }, 10s));
+  INFO(ledger.of(1).message() << " / " << ledger.of(2).message());
+  CHECK(ledger.of(1).ok());
+  CHECK(ledger.of(2).ok());
+
+  auto past_end = write_to(peer.ad, 1, 8192, 3);  // the region has 4096 bytes
+  service.submit(std::move(past_end), ledger.handler(3));
+  service.submit(write_to(peer.ad, 1, 4096, 4), ledger.handler(4));
+  REQUIRE(run_until(
+      io, [&] { return ledger.delivered == 5; }, 10s));
+  CHECK(ledger.of(3).error() == dma::errc::connection_lost);
+  // Posted right behind the bad one, the correct write may share its torn-down connection.
+  auto retry = write_to(peer.ad, 1, 4096, 5);
+  service.submit(std::move(retry), ledger.handler(5));
+  REQUIRE(run_until(
+      io, [&] { return ledger.delivered == 6; }, 10s));
+  CHECK(ledger.of(5).ok());
+  CHECK(service.metrics().peers_marked_unreachable == 0);
+}
+
+TEST_CASE("a service that cannot open returns or throws its error and the process goes on", "[faults][start]") {
+  dma::Configuration efa;
+  efa.providers = {dma::Provider::efa_direct};
+  std::error_code ec;
+  auto service = dma::FabricService<Payload>::start(
+      efa, [](std::span<dma::Completion<Payload>>) {}, nullptr, ec);
+  CHECK(service == nullptr);
+  CHECK(ec);
+  CHECK_THROWS_AS(dma::FabricService<Payload>::start(
+                      efa, [](std::span<dma::Completion<Payload>>) {}, nullptr),
+                  std::system_error);
+  asio::io_context io;
+  CHECK_THROWS_AS(Service(io, efa), std::system_error);
+  dma::Configuration bad = configuration();
+  bad.unreachable_backoff_max = 1ms;
+  bad.unreachable_backoff = 1s;
+  std::error_code bad_ec;
+  Service closed(io.get_executor());
+  closed.open(bad, bad_ec);
+  CHECK(bad_ec == dma::errc::invalid_configuration);
+}
+
+TEST_CASE("100 torn-down and rebuilt connections and 100 endpoint replacements leak no fd and no memory",
+          "[faults][leaks]") {
+  Peer peer = Peer::start(64 << 20);
+  asio::io_context io;
+  Service service(io, configuration());
+  Ledger ledger;
+  int id = 0;
+  auto cycle_bad_key = [&] {
+    auto bad = write_to(peer.ad, 1, 4096, id);
+    bad.remote_key ^= 1;
+    service.submit(std::move(bad), ledger.handler(id));
+    ++id;
+    service.submit(write_to(peer.ad, 1, 4096, id), ledger.handler(id));
+    ++id;
+    const std::size_t want = static_cast<std::size_t>(id);
+    REQUIRE(run_until(
+        io, [&] { return ledger.delivered == want; }, 10s));
+    if (!ledger.of(id - 1).ok()) {  // it shared the torn-down connection: the next one lands
+      service.submit(write_to(peer.ad, 1, 4096, id), ledger.handler(id));
+      ++id;
+      const std::size_t again = static_cast<std::size_t>(id);
+      REQUIRE(run_until(
+          io, [&] { return ledger.delivered == again; }, 10s));
+      REQUIRE(ledger.of(id - 1).ok());
+    }
+  };
+  auto cycle_cancel = [&] {
+    asio::cancellation_signal signal;
+    auto big = write_to(peer.ad, 1, 64 << 20, id);
+    service.submit(std::move(big), asio::bind_cancellation_slot(signal.slot(), ledger.handler(id)));
+    ++id;
+    io.restart();
+    io.run_for(2ms);
+    signal.emit(asio::cancellation_type::terminal);
+    const std::size_t want = static_cast<std::size_t>(id);
+    REQUIRE(run_until(
+        io, [&] { return ledger.delivered == want; }, 10s));
+  };
+  for (int i = 0; i < 5; ++i) {
+    cycle_bad_key();
+    cycle_cancel();
+  }
+  const std::size_t fds = open_fds();
+  const std::size_t rss = rss_kib();
+  for (int i = 0; i < 100; ++i)
+    cycle_bad_key();
+  for (int i = 0; i < 100; ++i)
+    cycle_cancel();
+  CHECK(ledger.exactly_once(0, id));
+  CHECK(service.metrics().endpoint_replacements >= 50);
+  INFO("fds " << fds << " -> " << open_fds() << ", rss " << rss << " -> " << rss_kib() << " KiB");
+  CHECK(open_fds() <= fds + 2);
+  CHECK(rss_kib() < rss + rss / 10 + 8 * 1024);
+  CHECK(service.outstanding() == 0);
+}

@@ -27,6 +27,7 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -258,6 +259,7 @@ TEST_CASE("a target restarted at the same port is written to again once its back
         if (ledger.outcomes.count(id) != 0) {
           if (ledger.of(id).ok()) return true;
           ++id;
+          std::this_thread::sleep_for(50ms);  // it failed fast: the peer still backs off
         }
         if (ledger.at.count(id) == 0) {
           service.submit(write_to(restarted.ad, 1, 4096, id), ledger.handler(id));

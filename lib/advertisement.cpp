@@ -62,6 +62,11 @@ int hex_value(char c) noexcept {
 
 std::optional<Fault> decode_fields(std::span<const std::string_view> fields, Advertisement& out) {
   if (fields.size() != field_count) return Fault{errc::advertisement_arity, 0, fields.size()};
+  // The same bound as parse(): the fields joined by single spaces.
+  std::size_t length = fields.size() - 1;
+  for (const auto field : fields)
+    length += std::min(field.size(), max_advertisement_length + 1);
+  if (length > max_advertisement_length) return Fault{errc::advertisement_too_long, 0, length};
   std::error_code ec;
   out.address = decode_hex(fields[0], ec);
   if (ec) return Fault{errc::advertisement_hex, 0};

@@ -29,7 +29,8 @@ struct Advertisement {
   static Advertisement parse(std::string_view text);
   static Advertisement parse(std::string_view text, std::error_code& ec);
   /// Parses exactly three fields: hex address (either case), decimal rkey, decimal remote address.
-  /// Errors: advertisement_arity, advertisement_hex, advertisement_integer. An empty address field is
+  /// Errors: advertisement_arity, advertisement_too_long (the fields joined by single spaces are
+  /// longer than max_advertisement_length), advertisement_hex, advertisement_integer. An empty address field is
   /// accepted, as the Rust crate does; validate_address() is what rejects it.
   static Advertisement from_fields(std::span<const std::string_view> fields);
   static Advertisement from_fields(std::span<const std::string_view> fields, std::error_code& ec);

@@ -513,3 +513,11 @@ TEST_CASE("a parsed advertisement's address can be validated", "[advertisement]"
   CHECK(parsed.address == address);
   CHECK_FALSE(dma::validate_address(parsed.address, FI_SOCKADDR_IN));
 }
+
+TEST_CASE("from_fields refuses fields longer together than parse() would take, before decoding", "[advertisement]") {
+  const std::string long_hex(dma::max_advertisement_length, 'a');
+  const std::string at_limit(dma::max_advertisement_length - 4, 'a');  // + " 1 2" is exactly the limit
+  CHECK(from_fields_error({long_hex, "1", "2"}) == errc::advertisement_too_long);
+  CHECK(from_fields_error({at_limit, "1", "2"}) != errc::advertisement_too_long);
+  CHECK(parse_error(long_hex + " 1 2") == errc::advertisement_too_long);
+}

@@ -346,11 +346,14 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
   void accept(Operation* op) {
     if (stopping_) return fail(op, errc::shutdown);
     if (op->peer_address.oversized()) return fail(op, errc::address_length);
-    if (std::error_code ec = validate(op->peer_address)) return fail(op, ec);
     if (std::error_code ec = op->functions->resolve(*op)) return fail(op, ec);
-    std::error_code ec;
-    Peer* peer = peers_->acquire(op->client_id, op->peer_address, ec);
-    if (peer == nullptr) return fail(op, ec);
+    // A client posting to the peer it posted to last: the address was validated on insertion.
+    Peer* peer = peers_->acquire_known(op->client_id, op->peer_address);
+    if (peer == nullptr) {
+      std::error_code ec = validate(op->peer_address);
+      if (!ec) peer = peers_->acquire(op->client_id, op->peer_address, ec);
+      if (peer == nullptr) return fail(op, ec);
+    }
     op->peer = peer;
     op->deadline =
         deadline_after(accept_clock_, op->lifetime.count() >= 0 ? op->lifetime : configuration_.transfer_deadline);

@@ -37,13 +37,6 @@ void FlowScheduler::ready(PeerFlow& flow) noexcept {
   flow.place = PeerFlow::Place::ready;
 }
 
-void FlowScheduler::posted(PeerFlow& flow) noexcept {
-  if (flow.queue.empty()) return remove(flow);
-  if (flow.next == nullptr) return;  // alone, or already last
-  ready_.unlink(flow);
-  ready_.push_back(flow);
-}
-
 void FlowScheduler::park(PeerFlow& flow) noexcept {
   remove(flow);
   parked_.push_back(flow);

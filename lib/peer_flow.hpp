@@ -57,7 +57,12 @@ class FlowScheduler {
   /// The flow whose turn it is, or null.
   PeerFlow* front() const noexcept { return ready_.head; }
   /// After flow posted one transfer: it goes to the back if others wait, leaves when its queue is empty.
-  void posted(PeerFlow& flow) noexcept;
+  void posted(PeerFlow& flow) noexcept {
+    if (flow.queue.empty()) return remove(flow);
+    if (flow.next == nullptr) return;  // alone, or already last
+    ready_.unlink(flow);
+    ready_.push_back(flow);
+  }
   /// flow's post got -FI_EAGAIN: out of the round-robin until unpark_all().
   void park(PeerFlow& flow) noexcept;
   /// Parked flows rejoin the round-robin, in the order they were parked (after a CQ drain).

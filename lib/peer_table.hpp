@@ -6,6 +6,7 @@
 
 #include <rdma/fabric.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -54,6 +55,15 @@ class PeerTable {
   /// insert() for one transfer: binds the client as insert() does and counts the transfer on the
   /// entry, which then outlives every release until settle(). Null on error.
   Peer* acquire(std::uint64_t client_id, std::span<const std::uint8_t> address, std::error_code& ec);
+  /// acquire()'s hot path alone: the entry when client_id is bound to exactly these bytes and was
+  /// the last one acquired (its address was validated when it was inserted), else null.
+  Peer* acquire_known(std::uint64_t client_id, std::span<const std::uint8_t> address) noexcept {
+    if (last_entry_ == nullptr || client_id != last_client_ || !std::ranges::equal(last_entry_->address, address)) {
+      return nullptr;
+    }
+    ++last_entry_->transfers;
+    return last_entry_;
+  }
   /// One of peer's transfers ended; the entry goes when it has neither transfers nor clients.
   void settle(Peer& peer);
   /// Replaces peer's AV entry with a fresh one for the same address (its connection is gone and

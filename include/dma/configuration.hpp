@@ -1,5 +1,6 @@
-// What a service or target opens: provider, device, bind address, credits, progress knobs; and
-// how to load it from the `[dma-libfabric]` section of a TOML file.
+/// @file
+/// What a service or target opens: provider, device, bind address, credits, progress knobs; and
+/// how to load it from the `[dma-libfabric]` section of a TOML file.
 #pragma once
 
 #include <chrono>

@@ -74,7 +74,7 @@ struct Configuration {
   std::optional<std::size_t> max_in_flight;
   /// How many threads the application should give the Pool of a callback FabricService. The
   /// library never reads it (as in the Rust crate): it is carried so that one configuration file
-  /// can size the Pool too, e.g. `dma::Pool pool(configuration.crc_pool_threads.value_or(1))`.
+  /// can size the Pool too, e.g. `std::make_shared<dma::Pool>(configuration.crc_pool_threads.value_or(1))`.
   std::optional<std::size_t> crc_pool_threads;
   /// The longest one transfer may keep getting -FI_EAGAIN before it fails with
   /// errc::progress_deadline; also how long shutdown waits for posted transfers.

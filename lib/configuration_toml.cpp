@@ -114,34 +114,40 @@ struct Value {
   }
 };
 
-// Durations: a string of an integer and a unit, or the Rust crate's { secs = N, nanos = N }.
+// A unit suffix and how many of the base unit (nanoseconds, bytes) it stands for.
 struct Unit {
   std::string_view suffix;
-  nanoseconds length;
+  std::int64_t factor;
 };
-constexpr std::array<Unit, 6> duration_units{
-    {{"h", 1h}, {"min", 1min}, {"s", 1s}, {"ms", 1ms}, {"us", 1us}, {"ns", 1ns}}};
+
+// Durations: a string of an integer and a unit, or the Rust crate's { secs = N, nanos = N }.
+constexpr std::array<Unit, 6> duration_units{{{"h", nanoseconds(1h).count()},
+                                              {"min", nanoseconds(1min).count()},
+                                              {"s", nanoseconds(1s).count()},
+                                              {"ms", nanoseconds(1ms).count()},
+                                              {"us", nanoseconds(1us).count()},
+                                              {"ns", 1}}};
 
 std::string duration_text(nanoseconds value) {
   for (const Unit& unit : duration_units) {
-    if (value.count() != 0 && value.count() % unit.length.count() == 0) {
-      return std::to_string(value.count() / unit.length.count()) + std::string(unit.suffix);
+    if (value.count() != 0 && value.count() % unit.factor == 0) {
+      return std::to_string(value.count() / unit.factor) + std::string(unit.suffix);
     }
   }
   return std::to_string(value.count()) + "ns";
 }
 
 // Byte sizes: an integer, or a string with a binary unit.
-constexpr std::array<Unit, 5> byte_units{{{"TiB", nanoseconds(std::int64_t{1} << 40)},
-                                          {"GiB", nanoseconds(std::int64_t{1} << 30)},
-                                          {"MiB", nanoseconds(std::int64_t{1} << 20)},
-                                          {"KiB", nanoseconds(std::int64_t{1} << 10)},
-                                          {"B", nanoseconds(1)}}};
+constexpr std::array<Unit, 5> byte_units{{{"TiB", std::int64_t{1} << 40},
+                                          {"GiB", std::int64_t{1} << 30},
+                                          {"MiB", std::int64_t{1} << 20},
+                                          {"KiB", std::int64_t{1} << 10},
+                                          {"B", 1}}};
 
 std::string bytes_text(std::int64_t value) {
   for (const Unit& unit : byte_units) {
-    if (value != 0 && value % unit.length.count() == 0 && unit.suffix != "B") {
-      return toml_string(std::to_string(value / unit.length.count()) + std::string(unit.suffix));
+    if (value != 0 && value % unit.factor == 0 && unit.suffix != "B") {
+      return toml_string(std::to_string(value / unit.factor) + std::string(unit.suffix));
     }
   }
   return std::to_string(value);
@@ -156,8 +162,8 @@ std::optional<std::int64_t> parse_with_unit(std::string_view text, const std::ar
   const std::string_view suffix(end, static_cast<std::size_t>(text.data() + text.size() - end));
   for (const Unit& unit : units) {
     if (suffix != unit.suffix) continue;
-    if (number > std::numeric_limits<std::int64_t>::max() / unit.length.count()) return std::nullopt;
-    return number * unit.length.count();
+    if (number > std::numeric_limits<std::int64_t>::max() / unit.factor) return std::nullopt;
+    return number * unit.factor;
   }
   return std::nullopt;
 }
@@ -197,9 +203,10 @@ struct Bytes {
       value = integer->get();
     } else if (const auto* text = v.node.as_string()) {
       const auto parsed = parse_with_unit(text->get(), byte_units);
-      if (!parsed)
+      if (!parsed) {
         v.refuse("expected a size such as \"16GiB\" (an integer followed by B, KiB, MiB, GiB or TiB), got " +
                  toml_string(text->get()));
+      }
       value = *parsed;
     } else {
       v.expected("a byte count (an integer, or a string such as \"16GiB\")");

@@ -210,6 +210,26 @@ TEST_CASE("to_toml writes every field and reads back equal", "[configuration][to
   CHECK(dma::Configuration::from_toml_string(default_text, "app.dma") == defaults);
 }
 
+TEST_CASE("the example file of docs/configuration.md loads as described", "[configuration][toml]") {
+  std::ifstream file(source_root + "/docs/configuration.md");
+  REQUIRE(file);
+  std::stringstream text;
+  text << file.rdbuf();
+  const std::string doc = text.str();
+  const auto start = doc.find("```toml\n");
+  REQUIRE(start != std::string::npos);
+  const auto body = start + 8;
+  const auto end = doc.find("```", body);
+  REQUIRE(end != std::string::npos);
+  const auto configuration =
+      dma::Configuration::from_toml_string(doc.substr(body, end - body), "dma-libfabric", "docs/configuration.md");
+  CHECK(configuration.providers == std::vector<dma::Provider>{dma::Provider::efa_direct});
+  CHECK(configuration.interfaces == std::vector<std::string>{"rdmap16s27-rdm"});
+  CHECK(configuration.max_in_flight == 128u);
+  CHECK(configuration.progress_deadline == 2s);
+  CHECK(configuration.wait_mode == dma::WaitMode::busy_poll);
+}
+
 TEST_CASE("docs/configuration.md documents every key", "[configuration][toml]") {
   std::ifstream file(source_root + "/docs/configuration.md");
   REQUIRE(file);

@@ -33,6 +33,22 @@ std::string_view to_string(WaitMode mode) noexcept {
   return "unknown";
 }
 
+template <>
+std::optional<Provider> from_string<Provider>(std::string_view text) noexcept {
+  for (const Provider provider : {Provider::tcp, Provider::efa_direct}) {
+    if (text == to_string(provider)) return provider;
+  }
+  return std::nullopt;
+}
+
+template <>
+std::optional<WaitMode> from_string<WaitMode>(std::string_view text) noexcept {
+  for (const WaitMode mode : {WaitMode::fd, WaitMode::adaptive, WaitMode::busy_poll}) {
+    if (text == to_string(mode)) return mode;
+  }
+  return std::nullopt;
+}
+
 std::size_t requested_in_flight(const Configuration& configuration, std::size_t provider_tx_size) noexcept {
   const std::size_t requested = std::max<std::size_t>(1, configuration.max_in_flight.value_or(64));
   return provider_tx_size == 0 ? requested : std::min(requested, provider_tx_size);

@@ -1,6 +1,7 @@
-// The peer's advertisement: `<address-hex> <rkey> <remote-addr>`, the Rust crate's wire form.
-// Advertisements are untrusted input: parse() checks syntax, validate_address() checks the address
-// against the endpoint's format before anything reaches fi_av_insert.
+/// @file
+/// The peer's advertisement: `<address-hex> <rkey> <remote-addr>`, the Rust crate's wire form.
+/// Advertisements are untrusted input: parse() checks syntax, validate_address() checks the address
+/// against the endpoint's format before anything reaches fi_av_insert.
 #pragma once
 
 #include <cstddef>
@@ -17,6 +18,9 @@ namespace dma {
 /// Longest advertisement text parse() looks at; longer input is rejected before parsing.
 inline constexpr std::size_t max_advertisement_length = 512;
 
+/// What a peer sends the server over the application's own channel so that the server can reach
+/// one registered buffer: the peer's fabric address, the rkey and the remote address. The text
+/// form is the Rust crate's, so peers written for it interoperate.
 struct Advertisement {
   std::vector<std::uint8_t> address;  ///< the peer's raw fabric address (fi_getname bytes)
   std::uint64_t remote_key = 0;       ///< the rkey of the peer's registration
@@ -27,18 +31,21 @@ struct Advertisement {
   /// errc::advertisement_arity, then as from_fields(). The throwing overload throws std::system_error
   /// naming the offending field and its value; the error_code overload returns an empty Advertisement.
   static Advertisement parse(std::string_view text);
+  /// As parse(text), reporting a failure through `ec` (an errc, condition::invalid_advertisement).
   static Advertisement parse(std::string_view text, std::error_code& ec);
   /// Parses exactly three fields: hex address (either case), decimal rkey, decimal remote address.
   /// Errors: advertisement_arity, advertisement_too_long (the fields joined by single spaces are
   /// longer than max_advertisement_length), advertisement_hex, advertisement_integer. An empty address field is
   /// accepted, as the Rust crate does; validate_address() is what rejects it.
   static Advertisement from_fields(std::span<const std::string_view> fields);
+  /// As from_fields(fields), reporting a failure through `ec` and returning an empty Advertisement.
   static Advertisement from_fields(std::span<const std::string_view> fields, std::error_code& ec);
 
   /// `<lowercase-hex> <rkey> <remote-addr>`; parse() gives back an equal Advertisement unless the
   /// address is empty (its text then has only two fields).
   std::string to_string() const;
 
+  /// Same address bytes, rkey and remote address.
   friend bool operator==(const Advertisement&, const Advertisement&) = default;
 };
 
@@ -46,6 +53,7 @@ struct Advertisement {
 std::string encode_hex(std::span<const std::uint8_t> bytes);
 /// Accepts either case; odd length or a non-hex character is errc::advertisement_hex.
 std::vector<std::uint8_t> decode_hex(std::string_view text, std::error_code& ec);
+/// As decode_hex(text, ec); throws std::system_error instead.
 std::vector<std::uint8_t> decode_hex(std::string_view text);
 /// A decimal u64 with the Rust crate's rules: optional leading '+', no sign '-', no whitespace.
 std::optional<std::uint64_t> parse_u64(std::string_view text) noexcept;

@@ -1,4 +1,5 @@
-// Version guards and toolchain adaptations live here and nowhere else.
+/// @file
+/// Version guards and toolchain adaptations live here and nowhere else.
 #pragma once
 
 // clang 14 with libstdc++: Asio 1.22 only looks for <experimental/coroutine> under clang, so

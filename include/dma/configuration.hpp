@@ -1,12 +1,18 @@
-// What a service or target opens: provider, device, bind address, credits, progress knobs.
+/// @file
+/// What a service or target opens: provider, device, bind address, credits, progress knobs; and
+/// how to load it from the `[dma-libfabric]` section of a TOML file.
 #pragma once
 
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <filesystem>
 #include <optional>
+#include <span>
+#include <stdexcept>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <vector>
 
 namespace dma {
@@ -17,32 +23,55 @@ enum class Provider {
   efa_direct,  ///< AWS EFA, pinned to the device-RMA `efa-direct` fabric
 };
 
-/// "tcp" or "efa-direct": the name in configuration files and on command lines.
-std::string_view to_string(Provider provider) noexcept;
-/// The value for fi_fabric_attr::prov_name: "tcp" or "efa".
-std::string_view provider_name(Provider provider) noexcept;
-/// The value for fi_fabric_attr::name: "efa-direct" for efa_direct, none otherwise.
-std::optional<std::string_view> fabric_name(Provider provider) noexcept;
-
-/// How the service waits for completions while transfers are outstanding.
+/// How the service (and a Target) waits for completions while transfers are outstanding.
 enum class WaitMode {
   fd,         ///< arm the completion queue's wait fd as soon as it is drained (lowest CPU)
   adaptive,   ///< poll for up to spin_budget first, then arm the wait fd (the default)
   busy_poll,  ///< never arm the fd: poll on the executor while work is outstanding (lowest latency)
 };
 
+/// The provider's name in configuration files and on command lines: "tcp" or "efa-direct".
+std::string_view to_string(Provider provider) noexcept;
+/// The wait mode's name in configuration files and on command lines: "fd", "adaptive" or
+/// "busy-poll".
 std::string_view to_string(WaitMode mode) noexcept;
 
 /// A deadline that never fires: Configuration::transfer_deadline or TransferRequest::deadline set
 /// to it means the transfer waits for the provider as long as the provider takes.
 inline constexpr std::chrono::nanoseconds no_deadline = std::chrono::nanoseconds::max();
 
+/// Parses the name to_string() prints, exactly (case-sensitive). Specialised for Provider and
+/// WaitMode; the result is empty for any other text.
+template <typename Enum>
+std::optional<Enum> from_string(std::string_view text) noexcept = delete;
+/// "tcp" or "efa-direct".
+template <>
+std::optional<Provider> from_string<Provider>(std::string_view text) noexcept;
+/// "fd", "adaptive" or "busy-poll".
+template <>
+std::optional<WaitMode> from_string<WaitMode>(std::string_view text) noexcept;
+
+/// The value for fi_fabric_attr::prov_name: "tcp" or "efa".
+std::string_view provider_name(Provider provider) noexcept;
+/// The value for fi_fabric_attr::name: "efa-direct" for efa_direct, none otherwise.
+std::optional<std::string_view> fabric_name(Provider provider) noexcept;
+
+/// Everything a FabricService or Target needs to open its endpoint and drive progress. A plain
+/// aggregate: set fields in code, or load them from TOML with from_toml(). The defaults are the
+/// Rust crate's where it has the field; docs/configuration.md lists every field with its key,
+/// type, default and allowed range.
 struct Configuration {
+  /// The TOML table from_toml() reads when no section is given.
+  static constexpr std::string_view default_section = "dma-libfabric";
+
   /// Providers in preference order. Only the first is used, as in the Rust crate; empty means tcp.
   std::vector<Provider> providers{Provider::tcp};
-  /// Domain names (see discover_domains()); the first pins the endpoint to that device.
+  /// Domain names (see discover_domains()); the first pins the endpoint to that device, the others
+  /// are ignored. Empty: the first domain libfabric offers. Serve several devices by opening one
+  /// service per domain.
   std::vector<std::string> interfaces;
-  /// Source node for fi_getinfo with FI_SOURCE, e.g. "127.0.0.1" (tcp only).
+  /// Source node for fi_getinfo with FI_SOURCE, e.g. "127.0.0.1": the address a tcp endpoint
+  /// listens on. Leave it unset for efa-direct.
   std::optional<std::string> bind;
   /// tcp: the port to listen on at `bind` (a Target that peers must find again after a restart);
   /// none lets the system choose a free one.
@@ -51,7 +80,9 @@ struct Configuration {
   /// the CQ size. All peers together post at most min(tx size, CQ size) at once, so a peer that
   /// stops answering holds only its own credits.
   std::optional<std::size_t> max_in_flight;
-  /// Advice for sizing the Pool; the library does not read it.
+  /// How many threads the application should give the Pool of a callback FabricService. The
+  /// library never reads it (as in the Rust crate): it is carried so that one configuration file
+  /// can size the Pool too, e.g. `std::make_shared<dma::Pool>(configuration.crc_pool_threads.value_or(1))`.
   std::optional<std::size_t> crc_pool_threads;
   /// The longest a peer's transfers may keep getting -FI_EAGAIN before the peer is marked
   /// unreachable and its queued transfers fail (errc::connection_refused when it never connected,
@@ -73,8 +104,10 @@ struct Configuration {
   // Beyond the Rust crate.
   /// Completion queue entries to ask for; 0 means twice the per-peer cap, at least 1024.
   std::size_t cq_size = 0;
+  /// How progress waits for completions; see WaitMode.
   WaitMode wait_mode = WaitMode::adaptive;
-  /// adaptive: how long to keep polling the CQ after a drain before arming the wait fd.
+  /// adaptive: how long to keep polling the CQ after a drain before arming the wait fd. Longer
+  /// lowers latency under steady load and costs that much CPU after each burst.
   std::chrono::nanoseconds spin_budget = std::chrono::microseconds(50);
   /// While work is outstanding, re-check the CQ this often even without a wake-up (a backstop
   /// for wake-ups lost between fi_trywait and arming the fd; see docs/design.md).
@@ -85,10 +118,70 @@ struct Configuration {
   /// Register every local operand (FI_MR_LOCAL) even where the provider does not need it, e.g. on
   /// tcp: runs the registration and cache path that efa-direct uses, on a laptop.
   bool force_local_registration = false;
-  /// Bounds on the registration cache's CacheableSpan entries per domain (least recently used
+  /// Most CacheableSpan entries the registration cache keeps per domain (least recently used
   /// first out; MemoryRegion pins are never evicted). 0 means unbounded.
   std::size_t registration_cache_entries = 1024;
+  /// Most bytes of CacheableSpan registrations the cache keeps per domain. 0 means unbounded.
   std::size_t registration_cache_bytes = std::size_t{16} << 30;
+
+  /// Loads the configuration from `section` of the TOML file at `path`. A key that is absent
+  /// keeps its default; an unknown key, a value of the wrong type or out of range, or a file that
+  /// is not TOML is refused. `section` names a top-level table, or nested tables joined by dots
+  /// ("app.dma"); empty means the document's root table. Throws ConfigurationError, whose message
+  /// names the file, line, column and key.
+  static Configuration from_toml(const std::filesystem::path& path, std::string_view section = default_section);
+  /// As above; on failure sets `ec` (the open error, or std::errc::invalid_argument), puts the
+  /// same message the exception would carry in `message`, and returns the defaults.
+  static Configuration from_toml(const std::filesystem::path& path, std::string_view section, std::error_code& ec,
+                                 std::string& message);
+  /// Loads the configuration from TOML text; `origin` names it in error messages (a file name,
+  /// "--config-text", …). Throws ConfigurationError.
+  static Configuration from_toml_string(std::string_view text, std::string_view section = default_section,
+                                        std::string_view origin = "<string>");
+  /// As above, reporting a failure through `ec` and `message` instead of throwing.
+  static Configuration from_toml_string(std::string_view text, std::string_view section, std::string_view origin,
+                                        std::error_code& ec, std::string& message);
+
+  /// The configuration as a TOML table named `section` (empty: bare keys), every key written,
+  /// absent optionals as comments. from_toml_string() of the result gives back an equal
+  /// configuration.
+  std::string to_toml(std::string_view section = default_section) const;
+
+  /// Every key from_toml() accepts, in the order to_toml() writes them.
+  static std::span<const std::string_view> toml_keys() noexcept;
+
+  /// Field by field equality.
+  friend bool operator==(const Configuration&, const Configuration&) = default;
+};
+
+/// A configuration the library refused. what() is "<origin>:<line>:<column>: <key>: <problem>",
+/// e.g. `tcp.toml:4:17: dma-libfabric.max_in_flight: expected an integer from 1 to 1048576, got 0`;
+/// the parts are available on their own. code() is std::errc::invalid_argument, or the error
+/// that kept the file from being read.
+class ConfigurationError : public std::system_error {
+ public:
+  /// An error at `line`:`column` (1-based; 0 when there is no position) of `origin`, about `key`
+  /// (empty when the problem is not one key's, e.g. a TOML syntax error).
+  ConfigurationError(std::error_code code, std::string origin, std::uint32_t line, std::uint32_t column,
+                     std::string key, const std::string& problem);
+
+  /// The file name or origin text the configuration came from.
+  const std::string& origin() const noexcept { return origin_; }
+  /// The 1-based line of the offending key or value; 0 when the problem has no position.
+  std::uint32_t line() const noexcept { return line_; }
+  /// The 1-based column of the offending key or value; 0 when the problem has no position.
+  std::uint32_t column() const noexcept { return column_; }
+  /// The full dotted key, e.g. "dma-libfabric.wait_mode"; empty for a problem that is no key's.
+  const std::string& key() const noexcept { return key_; }
+  /// The whole message: origin, position, key and problem.
+  const char* what() const noexcept override { return what_.c_str(); }
+
+ private:
+  std::string origin_;
+  std::uint32_t line_;
+  std::uint32_t column_;
+  std::string key_;
+  std::string what_;
 };
 
 /// The in-flight cap the seed computes: max(1, max_in_flight or 64), clamped to a non-zero tx size.

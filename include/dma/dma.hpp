@@ -1,4 +1,5 @@
-// Everything dma-libfabric offers, in one include.
+/// @file
+/// Everything dma-libfabric offers, in one include.
 #pragma once
 
 #include <dma/config.hpp>
@@ -15,3 +16,16 @@
 #include <dma/pool.hpp>
 #include <dma/target.hpp>
 #include <dma/transfer.hpp>
+
+/// @namespace dma
+/// dma-libfabric: server-initiated one-sided RMA (fi_writemsg / fi_read) over libfabric, with an
+/// Asio I/O object at its core (asynchronous::FabricService), a callback layer (FabricService) and
+/// the passive peer (Target).
+
+/// @namespace dma::asynchronous
+/// The Asio form of the service: asynchronous::FabricService, whose submit() takes any completion
+/// token.
+
+/// @namespace dma::compat
+/// Names that moved between Asio releases: `dma::compat::deferred` and `dma::compat::as_tuple` are
+/// `asio::experimental::*` before Asio 1.24 and `asio::*` from 1.24 on.

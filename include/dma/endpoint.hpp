@@ -1,5 +1,6 @@
-// The fabric core: one RDM endpoint with its fabric, domain, address vector and completion queue.
-// Knows nothing of Asio or coroutines; the services and Target build on it.
+/// @file
+/// The fabric core: one RDM endpoint with its fabric, domain, address vector and completion queue.
+/// Knows nothing of Asio or coroutines; the services and Target build on it.
 #pragma once
 
 #include <dma/configuration.hpp>
@@ -20,35 +21,43 @@ namespace dma {
 
 /// What an endpoint ended up with; lines() is the `DMA.INFO`-style diagnostic of the Rust crate.
 struct EndpointInfo {
-  std::string provider;  ///< fabric_attr->prov_name, e.g. "tcp;ofi_rxm"
-  std::string fabric;    ///< fabric_attr->name
-  std::string domain;    ///< domain_attr->name
-  std::uint32_t addr_format = 0;
-  std::uint64_t mr_mode = 0;
-  std::uint64_t caps = 0;
-  bool requires_local_mr = false;
-  bool uses_virtual_addressing = false;
-  std::size_t tx_size = 0;          ///< tx_attr->size
-  std::size_t cq_size = 0;          ///< completion queue entries
-  std::size_t credits = 0;          ///< transfers the service posts at once to one peer
-  std::size_t in_flight_limit = 0;  ///< transfers posted at once to all peers: min(tx_size, cq_size)
-  bool wait_fd = false;             ///< whether the CQ has an FI_WAIT_FD descriptor
+  std::string provider;                  ///< fabric_attr->prov_name, e.g. "tcp;ofi_rxm"
+  std::string fabric;                    ///< fabric_attr->name
+  std::string domain;                    ///< domain_attr->name
+  std::uint32_t addr_format = 0;         ///< fi_info::addr_format, e.g. FI_SOCKADDR_IN (2) on tcp
+  std::uint64_t mr_mode = 0;             ///< domain_attr->mr_mode bits
+  std::uint64_t caps = 0;                ///< fi_info::caps bits
+  bool requires_local_mr = false;        ///< local operands are registered (FI_MR_LOCAL, or forced)
+  bool uses_virtual_addressing = false;  ///< remote addresses are VAs (FI_MR_VIRT_ADDR), not offsets
+  std::size_t tx_size = 0;               ///< tx_attr->size
+  std::size_t cq_size = 0;               ///< completion queue entries
+  std::size_t credits = 0;               ///< transfers the service posts at once to one peer
+  std::size_t in_flight_limit = 0;       ///< transfers posted at once to all peers: min(tx_size, cq_size)
+  bool wait_fd = false;                  ///< whether the CQ has an FI_WAIT_FD descriptor
 
   /// provider, addr_format, mr_mode, caps, requires_local_mr, uses_virtual_addressing: the seed's
   /// six lines, exactly.
   std::vector<std::string> lines() const;
 };
 
-/// Each domain name the configured provider offers, once, in libfabric's order.
+/// Each domain name the configured provider offers, once, in libfabric's order: the values
+/// Configuration::interfaces takes. Start one service per domain to serve every device. Calls
+/// fi_getinfo; throws std::system_error when it fails.
 std::vector<std::string> discover_domains(const Configuration& configuration);
+/// As discover_domains(configuration), reporting a failure through `ec` with an empty result.
 std::vector<std::string> discover_domains(const Configuration& configuration, std::error_code& ec);
 
 /// libfabric's runtime version as "major.minor".
 std::string fabric_version();
 
+/// One RDM endpoint with its fabric, domain, address vector and completion queue, each closed
+/// exactly once. The services and Target own one each; use it directly only for a libfabric call
+/// the library lacks. Not thread-safe: one thread (or strand) at a time.
 class Endpoint {
  public:
+  /// A closed endpoint; open() opens it.
   Endpoint() noexcept;
+  /// close().
   ~Endpoint();
   Endpoint(const Endpoint&) = delete;
   Endpoint& operator=(const Endpoint&) = delete;
@@ -56,7 +65,10 @@ class Endpoint {
   /// fi_getinfo with the provider's hints, then fabric, domain, AV (FI_AV_MAP), CQ (FI_WAIT_FD, or
   /// no wait object when the provider refuses one or wait_mode is busy_poll), endpoint, binds,
   /// enable. A failure closes whatever was opened and names the step that failed.
+  /// Throws std::system_error naming the provider, bind address and step, e.g. "opening the tcp
+  /// endpoint bound to 10.9.9.9: fi_endpoint: Cannot assign requested address".
   void open(const Configuration& configuration);
+  /// As open(configuration), reporting a failure through `ec`; failed_step() names the step.
   void open(const Configuration& configuration, std::error_code& ec);
   /// After a failed open: the step that failed, e.g. "fi_av_open".
   const std::string& failed_step() const noexcept { return failed_step_; }
@@ -77,15 +89,22 @@ class Endpoint {
   /// leaves a closed endpoint's descriptors in its CQ's wait set (fi_trywait then reads freed
   /// memory). local_address() and wait_fd() change with it. On failure nothing changes.
   Retired replace_endpoint(std::error_code& ec);
+  /// Whether the endpoint is open (false after close() or close_endpoint()).
   bool is_open() const noexcept { return static_cast<bool>(endpoint_); }
 
   /// The endpoint's fi_getname bytes (taken at open).
   const std::vector<std::uint8_t>& local_address() const noexcept { return local_address_; }
+  /// What the endpoint ended up with (a copy; after close(), the last open's values).
   EndpointInfo describe() const;
+  /// EndpointInfo::addr_format: the format validate_address() checks peer addresses against.
   std::uint32_t addr_format() const noexcept { return info_.addr_format; }
+  /// EndpointInfo::requires_local_mr.
   bool requires_local_mr() const noexcept { return info_.requires_local_mr; }
+  /// EndpointInfo::uses_virtual_addressing.
   bool uses_virtual_addressing() const noexcept { return info_.uses_virtual_addressing; }
+  /// EndpointInfo::credits: transfers posted at once to one peer.
   std::size_t credits() const noexcept { return info_.credits; }
+  /// EndpointInfo::in_flight_limit: transfers posted at once to all peers.
   std::size_t in_flight_limit() const noexcept { return info_.in_flight_limit; }
   /// The CQ's wait descriptor (owned by libfabric: never close it), or -1 without one.
   int wait_fd() const noexcept { return wait_fd_; }
@@ -99,11 +118,17 @@ class Endpoint {
                                       std::uint64_t requested_key, std::error_code& ec) noexcept;
 
   /// Native handles for the engine and for callers who need a libfabric call the library lacks.
+  /// Never close them: the Endpoint owns them. Null when closed.
   fid_fabric* fabric() const noexcept { return fabric_.get(); }
+  /// The domain (owned by the Endpoint; null when closed).
   fid_domain* domain() const noexcept { return domain_.get(); }
+  /// The address vector, FI_AV_MAP (owned by the Endpoint; null when closed).
   fid_av* av() const noexcept { return av_.get(); }
+  /// The completion queue, FI_CQ_FORMAT_CONTEXT (owned by the Endpoint; null when closed).
   fid_cq* cq() const noexcept { return cq_.get(); }
+  /// The FI_EP_RDM endpoint (owned by the Endpoint; null when closed).
   fid_ep* endpoint() const noexcept { return endpoint_.get(); }
+  /// The fi_info the endpoint was opened with (owned by the Endpoint; null when closed).
   const fi_info* info() const noexcept { return fi_info_.get(); }
 
  private:

@@ -1,5 +1,6 @@
-// MemoryRegion<S>: caller storage registered once, so operands inside it skip per-transfer
-// registration; and invalidate(), the promise behind Operands::cacheable_span().
+/// @file
+/// `MemoryRegion<S>`: caller storage registered once, so operands inside it skip per-transfer
+/// registration; and invalidate(), the promise behind Operands::cacheable_span().
 #pragma once
 
 #include <cstddef>
@@ -34,10 +35,13 @@ class MemoryRegion {
   std::span<std::byte> bytes() const noexcept {
     return {reinterpret_cast<std::byte*>(shared_->base), shared_->end - shared_->base};
   }
+  /// Address of the first registered byte.
   std::uintptr_t base() const noexcept { return shared_->base; }
+  /// Registered bytes.
   std::size_t length() const noexcept { return shared_->end - shared_->base; }
   /// Live copies of this region.
   long holders() const noexcept { return shared_.use_count(); }
+  /// False for a default-constructed region (every other member then must not be called).
   explicit operator bool() const noexcept { return shared_ != nullptr; }
 
   /// Boxes storage; used by the services' register_region.

@@ -1,5 +1,6 @@
-// dma::Pool: a fixed set of worker threads named f-pool-NN for work that must not stall a fabric
-// worker's post/reap loop (CRC-32C of checksummed transfers and their completion hooks).
+/// @file
+/// dma::Pool: a fixed set of worker threads named f-pool-NN for work that must not stall a fabric
+/// worker's post/reap loop (CRC-32C of checksummed transfers and their completion hooks).
 #pragma once
 
 #include <dma/config.hpp>

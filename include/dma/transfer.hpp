@@ -1,4 +1,5 @@
-// What a caller submits and what comes back: requests, operands, outcomes, completions.
+/// @file
+/// What a caller submits and what comes back: requests, operands, outcomes, completions.
 #pragma once
 
 #include <dma/advertisement.hpp>
@@ -33,14 +34,21 @@ struct TransferDone {
 /// A transfer's result: TransferDone, or an error_code with the provider's detail.
 class Outcome {
  public:
+  /// A success that moved 0 bytes.
   Outcome() = default;
+  /// A success: what the transfer did.
   Outcome(TransferDone done) noexcept : done_(done) {}  // NOLINT: implicit, like a result type
+  /// A failure: `error`, with the provider's errno of an error completion (0 when there is none)
+  /// and a human-readable detail that message() appends (e.g. fi_cq_strerror's text). Allocates
+  /// only when `detail` is not empty.
   Outcome(std::error_code error, int provider_errno = 0, std::string detail = {})
       : error_(error),
         provider_errno_(provider_errno),
         detail_(detail.empty() ? nullptr : std::make_shared<const std::string>(std::move(detail))) {}
 
+  /// True when the transfer succeeded.
   bool ok() const noexcept { return !error_; }
+  /// ok(): `if (outcome)` reads as "if it worked".
   explicit operator bool() const noexcept { return ok(); }
   /// The error, or an empty code on success.
   const std::error_code& error() const noexcept { return error_; }
@@ -51,8 +59,9 @@ class Outcome {
     if (error_) throw std::system_error(error_, message());
     return done_;
   }
-  /// The success value without a check.
+  /// The success value without a check (a default TransferDone on an error outcome).
   const TransferDone& operator*() const noexcept { return done_; }
+  /// Member access to the success value without a check: `outcome->bytes`.
   const TransferDone* operator->() const noexcept { return &done_; }
   /// "ok", or the error's message with the provider's detail.
   std::string message() const {
@@ -70,21 +79,25 @@ class Outcome {
 /// A finished transfer: the caller's context handed back, and what happened.
 template <typename Context>
 struct Completion {
-  Context caller_context;
-  Outcome outcome;
+  Context caller_context;  ///< the request's context, moved back to the caller
+  Outcome outcome;         ///< success with its TransferDone, or the error
 };
 
-/// A span of the caller's memory that may be registered as a whole; [base, end).
+/// A span of the caller's memory that may be registered as a whole, [base, end): what a context's
+/// `cacheable_span()` returns to let the registration cache register more than the operand (so
+/// that neighbouring operands share one fi_mr_reg) and keep it. See Operands::cacheable_span().
 struct CacheableSpan {
-  std::uintptr_t base = 0;
-  std::uintptr_t end = 0;
+  std::uintptr_t base = 0;  ///< first byte
+  std::uintptr_t end = 0;   ///< one past the last byte
 
   /// None when base + length overflows.
   static std::optional<CacheableSpan> make(std::uintptr_t base, std::size_t length) noexcept {
     if (length > UINTPTR_MAX - base) return std::nullopt;
     return CacheableSpan{base, base + length};
   }
+  /// Whether [start, stop) lies inside the span.
   bool contains(std::uintptr_t start, std::uintptr_t stop) const noexcept { return base <= start && stop <= end; }
+  /// Same base and end.
   friend bool operator==(const CacheableSpan&, const CacheableSpan&) = default;
 };
 
@@ -92,15 +105,15 @@ struct CacheableSpan {
 /// in the Completion; the operand must stay valid and unmodified until then.
 template <typename Context>
 struct TransferRequest {
-  std::uint64_t client_id = 0;  ///< stable per client; never reused
-  PeerAddress peer_address;     ///< the advertised raw fabric address
-  std::uint64_t remote_key = 0;
-  std::uint64_t remote_address = 0;  ///< VA on FI_MR_VIRT_ADDR providers, offset on tcp
-  Direction direction = Direction::ToPeer;
-  std::size_t length = 0;      ///< FromPeer: bytes to read (ToPeer: the source's size)
-  bool want_checksum = false;  ///< CRC-32C of the local operand in TransferDone
-  Context caller_context{};
-  std::optional<std::uint64_t> parent_id;  ///< tracing parent; unused by the library itself
+  std::uint64_t client_id = 0;              ///< stable per client; never reused
+  PeerAddress peer_address;                 ///< the advertised raw fabric address
+  std::uint64_t remote_key = 0;             ///< the advertised rkey of the peer's registration
+  std::uint64_t remote_address = 0;         ///< VA on FI_MR_VIRT_ADDR providers, offset on tcp
+  Direction direction = Direction::ToPeer;  ///< write into the peer (default) or read from it
+  std::size_t length = 0;                   ///< FromPeer: bytes to read (ToPeer: the source's size)
+  bool want_checksum = false;               ///< CRC-32C of the local operand in TransferDone
+  Context caller_context{};                 ///< yours: holds the operand, comes back in the Completion
+  std::optional<std::uint64_t> parent_id;   ///< tracing parent; unused by the library itself
   /// From acceptance to completion; none means Configuration::transfer_deadline, dma::no_deadline
   /// none at all. Past it the transfer fails with errc::timed_out.
   std::optional<std::chrono::nanoseconds> deadline;
@@ -121,6 +134,9 @@ struct TransferRequest {
 /// types you cannot change. Returning an empty optional means "not supported".
 template <typename Context, typename = void>
 struct Operands {
+  /// ToPeer: the bytes to write, from `context.source()` (a contiguous range of 1-byte elements,
+  /// or an optional of one). Empty (no member, or an empty optional): the transfer fails with
+  /// errc::no_source. Called once, on the service's strand, before the transfer is posted.
   static std::optional<std::span<const std::byte>> source(const Context& context) {
     if constexpr (requires { context.source(); }) {
       return to_bytes(context.source());
@@ -128,6 +144,9 @@ struct Operands {
       return std::nullopt;
     }
   }
+  /// FromPeer: where `length` bytes land, from `context.allocate(length)`. Empty: the transfer
+  /// fails with errc::no_landing_buffer; fewer than `length` bytes: errc::landing_buffer_too_small.
+  /// Called once, on the service's strand, before the transfer is posted.
   static std::optional<std::span<std::byte>> allocate(Context& context, std::size_t length) {
     if constexpr (requires { context.allocate(length); }) {
       return to_writable_bytes(context.allocate(length));
@@ -135,6 +154,11 @@ struct Operands {
       return std::nullopt;
     }
   }
+  /// From `context.cacheable_span()`, asked only where the provider needs local registration and
+  /// only on a registration-cache miss. Returning a span is a promise: invalidate() will be called
+  /// over it before any of its pages is unmapped, returned to the OS or discarded with madvise.
+  /// A span that does not contain the operand is ignored; empty (the default) registers just the
+  /// operand, for this transfer only.
   static std::optional<CacheableSpan> cacheable_span(const Context& context) {
     if constexpr (requires { context.cacheable_span(); }) {
       return context.cacheable_span();
@@ -174,13 +198,16 @@ struct Operands {
 /// (zero-filled) and returns all of it.
 template <typename Byte, typename Allocator>
 requires(sizeof(Byte) == 1 && std::is_trivially_copyable_v<Byte>) struct Operands<std::vector<Byte, Allocator>> {
+  /// The whole vector.
   static std::optional<std::span<const std::byte>> source(const std::vector<Byte, Allocator>& v) {
     return std::as_bytes(std::span(v));
   }
+  /// Resizes the vector to `length` (new bytes zero) and returns all of it; allocates when it grows.
   static std::optional<std::span<std::byte>> allocate(std::vector<Byte, Allocator>& v, std::size_t length) {
     v.resize(length);
     return std::as_writable_bytes(std::span(v));
   }
+  /// None: a vector may reallocate, so its memory is registered per transfer, never cached.
   static std::optional<CacheableSpan> cacheable_span(const std::vector<Byte, Allocator>&) { return std::nullopt; }
 };
 

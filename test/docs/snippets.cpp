@@ -1,0 +1,134 @@
+// The code fragments of docs/getting-started.md and docs/configuration.md, each inside a function
+// that gives it the context the guide describes, so that they compile. test/docs/check_docs.py
+// checks that every fragment the guides show appears here (or in the file the guide names).
+#include <dma/dma.hpp>
+
+#include <asio/bind_cancellation_slot.hpp>
+#include <asio/cancellation_signal.hpp>
+#include <asio/io_context.hpp>
+#include <asio/use_awaitable.hpp>
+#include <asio/use_future.hpp>
+
+#include <cstdint>
+#include <future>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace snippets {
+
+using Bytes = std::vector<std::uint8_t>;
+
+void expose(const dma::Configuration& configuration) {
+  asio::io_context target_io;
+  dma::Target target(target_io, configuration);           // throws std::system_error
+  std::vector<std::byte> buffer(1 << 20);                 // must outlive the Region
+  dma::Target::Region region = target.expose(buffer);     // Access::read_write by default
+  std::string text = region.advertisement().to_string();  // "<address-hex> <rkey> <remote-addr>"
+}
+
+void parse(const std::string& text) {
+  dma::Advertisement peer = dma::Advertisement::parse(text);  // throws std::system_error
+
+  std::error_code ec;
+  dma::Advertisement maybe = dma::Advertisement::parse(text, ec);
+  if (ec == dma::condition::invalid_advertisement) {
+    // reject the client
+  }
+}
+
+void configuration_from_file() {
+  auto configuration = dma::Configuration::from_toml("config/tcp.toml");  // throws dma::ConfigurationError
+}
+
+void open(const dma::Configuration& configuration) {
+  asio::io_context io;
+  dma::asynchronous::FabricService<Bytes> service(io, configuration);  // throws std::system_error
+}
+
+struct Upload {  // writes only
+  std::vector<std::uint8_t> payload;
+  std::span<const std::uint8_t> source() const { return payload; }
+};
+
+struct Slice {  // both directions, memory owned elsewhere
+  std::span<std::byte> bytes;
+  std::span<const std::byte> source() const { return bytes; }
+  std::span<std::byte> allocate(std::size_t) { return bytes; }
+};
+
+using Service = dma::asynchronous::FabricService<Bytes>;
+
+asio::awaitable<void> submit(Service& service, dma::TransferRequest<Bytes> request, dma::TransferRequest<Bytes> other) {
+  dma::Completion<Bytes> completion = co_await service.submit(std::move(request));
+  auto [context, outcome] = co_await service.submit(std::move(other));  // the same, unpacked
+}
+
+struct MyContext {
+  std::span<std::byte> buffer;
+  std::span<const std::byte> source() const { return buffer; }
+};
+
+dma::TransferRequest<MyContext> make_request(MyContext context) {
+  dma::TransferRequest<MyContext> request;
+  request.caller_context = context;
+  return request;
+}
+
+asio::awaitable<void> named_request(dma::asynchronous::FabricService<MyContext>& service, std::span<std::byte> buffer) {
+  auto request = make_request(MyContext{buffer});
+  auto completion = co_await service.submit(std::move(request));
+}
+
+void check(const dma::Completion<Bytes>& completion) {
+  const dma::Outcome& outcome = completion.outcome;
+  if (outcome.ok()) {                                      // or: if (outcome)
+    std::size_t bytes = outcome->bytes;                    // TransferDone
+    std::optional<std::uint32_t> crc = outcome->checksum;  // set when want_checksum
+  } else if (outcome.error() == dma::condition::peer_unreachable) {
+    // gone, refused, connection torn down, or progress_deadline passed
+  } else if (outcome.error() == dma::errc::shutdown) {
+    // the service closed first
+  } else if (outcome.error() == asio::error::operation_aborted) {
+    // you cancelled it before it was posted
+  }
+  std::string text = outcome.message();  // "ok", or the error's message plus provider detail
+  int prov = outcome.provider_errno();   // the provider's errno of an error completion, else 0
+}
+
+asio::awaitable<void> tokens(Service& service, dma::TransferRequest<Bytes> request) {
+  // Callback. Runs on the service's executor unless the handler has an associated executor.
+  service.submit(std::move(request), [](dma::Completion<Bytes> completion) { /* ... */ });
+
+  // Future. Call get() from a thread that is not running `io`.
+  std::future<dma::Completion<Bytes>> future = service.submit(std::move(request), asio::use_future);
+
+  // Deferred. Nothing starts until the operation is invoked with a token.
+  auto operation = service.submit(std::move(request), dma::compat::deferred);
+  std::move(operation)([](dma::Completion<Bytes> completion) { /* ... */ });
+
+  // as_tuple. The completion is wrapped in a std::tuple.
+  auto [completion] = co_await service.submit(std::move(request), dma::compat::as_tuple(asio::use_awaitable));
+}
+
+void cancel(Service& service, dma::TransferRequest<Bytes> request) {
+  asio::cancellation_signal signal;
+  service.submit(std::move(request),
+                 asio::bind_cancellation_slot(signal.slot(), [](dma::Completion<Bytes> completion) { /* ... */ }));
+  signal.emit(asio::cancellation_type::terminal);
+}
+
+asio::awaitable<void> peers(Service& service, const dma::Advertisement& peer) {
+  co_await service.add_peer(1, peer.address);  // throws std::system_error on a bad address
+  auto [ec] = co_await service.add_peer(1, peer.address, dma::compat::as_tuple(asio::use_awaitable));
+
+  service.remove_peer(1);  // returns at once
+}
+
+void command_line(const std::string& config_path, const std::string& bind_from_command_line) {
+  dma::Configuration configuration;  // the defaults
+  if (!config_path.empty()) configuration = dma::Configuration::from_toml(config_path);
+  configuration.bind = bind_from_command_line;  // command-line options then override the file
+}
+
+}  // namespace snippets

@@ -1,0 +1,29 @@
+// A service and a Target opened from the shipped config/tcp.toml move bytes over 127.0.0.1.
+#include "fixture.hpp"
+
+#include <asio/use_awaitable.hpp>
+
+using Service = dma::asynchronous::FabricService<test::Payload>;
+
+TEST_CASE("a service opened from config/tcp.toml writes into a target opened from it", "[loopback][configuration]") {
+  const auto configuration = dma::Configuration::from_toml(std::string(DMA_SOURCE_ROOT) + "/config/tcp.toml");
+  test::RemoteBuffer remote(4096, std::byte{0}, configuration);
+  asio::io_context io;
+  Service service(io, configuration);
+  CHECK(service.describe().credits <= 64);
+  const auto bytes = test::pattern(4096, 3);
+
+  auto future = asio::co_spawn(
+      io,
+      [&]() -> asio::awaitable<dma::Completion<test::Payload>> {
+        auto request = remote.request(dma::Direction::ToPeer, test::Payload{bytes});  // named: see getting-started
+        co_return co_await service.submit(std::move(request));
+      },
+      asio::use_future);
+  REQUIRE(test::run_until(io, future));
+  const auto completion = future.get();
+
+  REQUIRE(completion.outcome.ok());
+  CHECK(completion.outcome->bytes == 4096);
+  CHECK(test::same(remote.memory(), bytes));
+}

@@ -26,8 +26,10 @@ namespace dma::tools {
 
 class ChildProcess {
  public:
-  /// Starts arguments[0] (a path) with the rest as its arguments; throws std::system_error.
-  explicit ChildProcess(std::vector<std::string> arguments) {
+  /// Starts arguments[0] (a path) with the rest as its arguments; throws std::system_error. With
+  /// own_process_group the child leaves the terminal's foreground group, so a Ctrl-C reaches only
+  /// this process, which then ends the child itself.
+  explicit ChildProcess(std::vector<std::string> arguments, bool own_process_group = false) {
     int in[2], out[2];
     if (pipe2(in, O_CLOEXEC) != 0) throw std::system_error(errno, std::generic_category(), "pipe");
     if (pipe2(out, O_CLOEXEC) != 0) {
@@ -39,11 +41,18 @@ class ChildProcess {
     posix_spawn_file_actions_init(&actions);
     posix_spawn_file_actions_adddup2(&actions, in[0], STDIN_FILENO);
     posix_spawn_file_actions_adddup2(&actions, out[1], STDOUT_FILENO);
+    posix_spawnattr_t attributes;
+    posix_spawnattr_init(&attributes);
+    if (own_process_group) {
+      posix_spawnattr_setpgroup(&attributes, 0);
+      posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETPGROUP);
+    }
     std::vector<char*> argv;
     for (auto& a : arguments)
       argv.push_back(a.data());
     argv.push_back(nullptr);
-    const int rc = posix_spawn(&pid_, argv[0], &actions, nullptr, argv.data(), environ);
+    const int rc = posix_spawn(&pid_, argv[0], &actions, &attributes, argv.data(), environ);
+    posix_spawnattr_destroy(&attributes);
     posix_spawn_file_actions_destroy(&actions);
     close(in[0]);
     close(out[1]);

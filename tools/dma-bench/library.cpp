@@ -130,11 +130,14 @@ dma::asynchronous::FabricService<Slice>& Library::async_service(Wait wait) {
 dma::FabricService<Slice>& Library::callback_service(Wait wait) {
   auto& slot = callback_[wait];
   if (!slot) {
+    // The completer runs on the fabric thread: it holds its own map entry (whose address never
+    // changes) rather than looking it up while this thread may be inserting another.
+    auto* service = &slot;
     slot = dma::FabricService<Slice>::start(
         setup_.configuration(wait),
-        [this, wait](std::span<dma::Completion<Slice>> batch) {
+        [this, service](std::span<dma::Completion<Slice>> batch) {
           for (auto& completion : batch)
-            completed(*callback_[wait], completion);
+            completed(**service, completion);
         },
         nullptr);
   }

@@ -27,15 +27,19 @@ asio::awaitable<void> transfer(dma::asynchronous::FabricService<Operation>& serv
 
   if (outcome) {
     std::printf("wrote %zu of %zu bytes, crc %s\n", outcome->bytes, operation.payload.size(),
-                examples::debug_option(outcome->checksum).c_str());
+                examples::crc_text(outcome->checksum).c_str());
   } else {
     std::printf("transfer failed: %s\n", outcome.message().c_str());
   }
 }
 
 int main(int argc, char** argv) {
+  examples::CommandLine command_line(
+      "async_transfer", "One ToPeer write of 4096 bytes of 0xab with the asynchronous service, awaited in a coroutine.",
+      "[<bind>] [<address-hex> <rkey> <remote-addr>]");
+  if (const auto exit = command_line.parse(argc, argv)) return *exit;
   return examples::run_main([&] {
-    const auto arguments = examples::parse(argc, argv);
+    const auto arguments = command_line.initiator();
     asio::io_context io;
     dma::asynchronous::FabricService<Operation> service(io, arguments.configuration);
     std::printf("local address: %s\n", dma::encode_hex(service.local_address()).c_str());

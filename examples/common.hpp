@@ -1,9 +1,13 @@
-// The examples' shared argument handling, as in the Rust crate's `common` module:
+// The examples' shared command line, as in the Rust crate's `common` module, parsed with CLI11:
 //   tcp:        <bind> [<address-hex> <rkey> <remote-addr>]
 //   efa-direct: --efa [<address-hex> <rkey> <remote-addr>]
+// Every example also answers --help and --version.
 #pragma once
 
 #include <dma/dma.hpp>
+#include <dma/version.hpp>
+
+#include <CLI/CLI.hpp>
 
 #include <cstdio>
 #include <iostream>
@@ -18,13 +22,6 @@ namespace examples {
 struct Arguments {
   dma::Configuration configuration;
   std::optional<dma::Advertisement> peer;
-  std::vector<std::string> flags;
-  bool has_flag(std::string_view flag) const {
-    for (const auto& f : flags) {
-      if (f == flag) return true;
-    }
-    return false;
-  }
 };
 
 /// Thrown for the errors the Rust examples return from main (printed as `error: ...`, exit 1).
@@ -32,59 +29,73 @@ struct Failure : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-/// Splits the command line into flags (starting with `--`, kept in arguments) and positionals.
-inline std::vector<std::string_view> split_arguments(int argc, char** argv, Arguments& arguments) {
-  std::vector<std::string_view> positionals;
-  for (int i = 1; i < argc; ++i) {
-    std::string_view arg = argv[i];
-    if (arg.starts_with("--")) {
-      arguments.flags.emplace_back(arg);
-    } else {
-      positionals.push_back(arg);
-    }
+/// One program's command line: the flags every example shares (--efa, --help, --version), the
+/// positionals, and whatever flags the program adds before parse(). All option parsing of an
+/// example happens here.
+class CommandLine {
+ public:
+  CommandLine(std::string name, std::string description, std::string positionals_help)
+      : app_(std::move(description), std::move(name)) {
+    app_.set_version_flag("--version", app_.get_name() + " (dma-libfabric) " + std::string(dma::version()));
+    app_.add_flag("--efa", efa_, "use efa-direct (the endpoint binds to the device: no <bind>)");
+    app_.add_option("arguments", positionals_, std::move(positionals_help));
+    app_.footer("tcp:        " + app_.get_name() + " <bind> [<address-hex> <rkey> <remote-addr>]\n" +
+                "efa-direct: " + app_.get_name() + " --efa [<address-hex> <rkey> <remote-addr>]");
   }
-  return positionals;
-}
 
-inline Arguments parse(int argc, char** argv) {
-  Arguments arguments;
-  const auto positionals = split_arguments(argc, argv, arguments);
-  std::size_t next = 0;
-  if (arguments.has_flag("--efa")) {
-    arguments.configuration.providers = {dma::Provider::efa_direct};
-  } else {
-    arguments.configuration.providers = {dma::Provider::tcp};
-    if (next < positionals.size()) arguments.configuration.bind = std::string(positionals[next++]);
+  CLI::App& app() { return app_; }
+
+  /// Parses argv; returns the exit code when the program should stop here: 0 after --help or
+  /// --version, 2 after a bad option (CLI11's message names it).
+  std::optional<int> parse(int argc, char** argv) {
+    try {
+      app_.parse(argc, argv);
+    } catch (const CLI::ParseError& error) {
+      return app_.exit(error) == 0 ? 0 : 2;
+    }
+    return std::nullopt;
   }
-  if (positionals.size() - next == 3) {
-    std::error_code ec;
-    arguments.peer = dma::Advertisement::from_fields(std::span(positionals).subspan(next), ec);
-    if (ec) throw Failure("fabric error: " + ec.message());
+
+  bool efa() const { return efa_; }
+  const std::vector<std::string>& positionals() const { return positionals_; }
+
+  /// The seed's parse(): with --efa, efa-direct and no bind; otherwise tcp and the first positional
+  /// is the bind address. Exactly three positionals after that are the peer's advertisement; any
+  /// other count gives no peer (the example then prompts for it).
+  Arguments initiator() const {
+    Arguments arguments;
+    std::size_t next = 0;
+    if (efa_) {
+      arguments.configuration.providers = {dma::Provider::efa_direct};
+    } else {
+      arguments.configuration.providers = {dma::Provider::tcp};
+      if (next < positionals_.size()) arguments.configuration.bind = positionals_[next++];
+    }
+    if (positionals_.size() - next == 3) {
+      const std::vector<std::string_view> fields(positionals_.begin() + static_cast<std::ptrdiff_t>(next),
+                                                 positionals_.end());
+      std::error_code ec;
+      arguments.peer = dma::Advertisement::from_fields(fields, ec);
+      if (ec) throw Failure("fabric error: " + ec.message());
+    }
+    return arguments;
   }
-  return arguments;
-}
+
+ private:
+  CLI::App app_;
+  bool efa_ = false;
+  std::vector<std::string> positionals_;
+};
 
 /// Reads one line `<address-hex> <rkey> <remote-addr>` from stdin (the efa-direct start order).
 inline dma::Advertisement peer_from_stdin() {
   std::string line;
   if (!std::getline(std::cin, line)) throw Failure("fabric error: reading the advertisement: end of input");
-  std::vector<std::string_view> fields;
-  std::size_t at = 0;
-  while (at < line.size()) {
-    const auto start = line.find_first_not_of(" \t\r", at);
-    if (start == std::string::npos) break;
-    const auto stop = std::min(line.find_first_of(" \t\r", start), line.size());
-    fields.emplace_back(line.data() + start, stop - start);
-    at = stop;
+  try {
+    return dma::Advertisement::parse(line);
+  } catch (const std::system_error& error) {
+    throw Failure(std::string("fabric error: ") + error.what());
   }
-  if (fields.size() != 3) {
-    throw Failure("fabric error: expected <address-hex> <rkey> <remote-addr>, got " + std::to_string(fields.size()) +
-                  " fields");
-  }
-  std::error_code ec;
-  auto advertisement = dma::Advertisement::from_fields(fields, ec);
-  if (ec) throw Failure("fabric error: " + ec.message());
-  return advertisement;
 }
 
 /// The peer from the command line, or pasted on stdin after the prompt.
@@ -95,8 +106,9 @@ inline dma::Advertisement peer_or_prompt(const Arguments& arguments) {
   return peer_from_stdin();
 }
 
-/// Rust's `{:?}` of an Option<u32>: `Some(1234567)` or `None`.
-inline std::string debug_option(const std::optional<std::uint32_t>& value) {
+/// A CRC-32C as every example prints it, initiator and target alike: Rust's `{:?}` of an
+/// Option<u32>, `Some(2486649235)` (decimal) or `None`.
+inline std::string crc_text(const std::optional<std::uint32_t>& value) {
   return value ? "Some(" + std::to_string(*value) + ")" : "None";
 }
 

@@ -1,7 +1,10 @@
 // The main demo: a Target and an asynchronous FabricService in one process over tcp on 127.0.0.1.
 // Writes at least 1 GiB into the target and reads at least 1 GiB back, verifying every byte.
-//   loopback [<bind>] [<mebibytes-each-way>]
+//   loopback [<bind>] [<mebibytes-each-way>]      (--help, --version)
 #include <dma/dma.hpp>
+#include <dma/version.hpp>
+
+#include <CLI/CLI.hpp>
 
 #include <asio/co_spawn.hpp>
 #include <asio/detached.hpp>
@@ -68,8 +71,22 @@ asio::awaitable<void> lane(dma::asynchronous::FabricService<Slice>& service, con
 }  // namespace
 
 int main(int argc, char** argv) {
-  const std::string bind = argc > 1 ? argv[1] : "127.0.0.1";
-  const std::size_t mebibytes = argc > 2 ? std::stoul(argv[2]) : 1024;
+  CLI::App app(
+      "The loopback demo: a Target and an asynchronous FabricService in one process, writing and reading "
+      "back at least 1 GiB each way over tcp, every byte verified.",
+      "loopback");
+  app.set_version_flag("--version", "loopback (dma-libfabric) " + std::string(dma::version()));
+  std::string bind = "127.0.0.1";
+  std::size_t mebibytes = 1024;
+  app.add_option("bind", bind, "the address both sides bind to")->capture_default_str();
+  app.add_option("mebibytes", mebibytes, "MiB to move each way (rounded up to whole 64 MiB rounds)")
+      ->check(CLI::Range(std::size_t{1}, std::size_t{1} << 20))
+      ->capture_default_str();
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& error) {
+    return app.exit(error) == 0 ? 0 : 2;
+  }
   const std::size_t rounds = (mebibytes * chunk + region_size - 1) / region_size;
 
   dma::Configuration configuration;

@@ -18,30 +18,36 @@ bool all_ab(const std::vector<std::byte>& buffer) {
   return std::all_of(buffer.begin(), buffer.end(), [](std::byte b) { return b == std::byte{0xab}; });
 }
 
-std::string crc_text(const std::vector<std::byte>& buffer) {
-  char text[16];
-  std::snprintf(text, sizeof text, "0x%08x", dma::checksum(buffer));
-  return text;
-}
+// Decimal, as the initiators print theirs (`crc Some(2486649235)`), so the two can be compared.
+std::string crc_text(const std::vector<std::byte>& buffer) { return std::to_string(dma::checksum(buffer)); }
 
 }  // namespace
 
 int main(int argc, char** argv) {
+  examples::CommandLine command_line(
+      "one_target", "The passive peer: exposes 4096 bytes, prints its advertisement, and waits for a transfer.",
+      "[<bind>] [<initiator-address-hex>] (with --efa: [<initiator-address-hex>])");
+  bool read = false;
+  command_line.app().add_flag("--read", read,
+                              "serve 4096 bytes of 0xab for a remote read instead of waiting for a write");
+  command_line.app().footer(
+      "tcp:        one_target [--read] <bind> [<initiator-address-hex>]\n"
+      "efa-direct: one_target [--read] --efa [<initiator-address-hex>]");
+  if (const auto exit = command_line.parse(argc, argv)) return *exit;
   return examples::run_main([&] {
-    examples::Arguments arguments;
-    const auto positionals = examples::split_arguments(argc, argv, arguments);
-    const bool read = arguments.has_flag("--read");
+    dma::Configuration configuration;
+    const auto& positionals = command_line.positionals();
     std::size_t next = 0;
-    if (arguments.has_flag("--efa")) {
-      arguments.configuration.providers = {dma::Provider::efa_direct};
+    if (command_line.efa()) {
+      configuration.providers = {dma::Provider::efa_direct};
     } else if (next < positionals.size()) {
-      arguments.configuration.bind = std::string(positionals[next++]);
+      configuration.bind = positionals[next++];
     }
 
     // One thread runs the target's progress and checks the buffer, so the check never races the
     // provider writing into it.
     asio::io_context io;
-    dma::Target target(io, arguments.configuration);
+    dma::Target target(io, configuration);
     if (next < positionals.size()) target.insert_initiator(dma::decode_hex(positionals[next]));
 
     std::vector<std::byte> buffer(4096, read ? std::byte{0xab} : std::byte{0});

@@ -15,8 +15,12 @@ struct Operation {
 };
 
 int main(int argc, char** argv) {
+  examples::CommandLine command_line("one_transfer",
+                                     "One ToPeer write of 4096 bytes of 0xab with the callback FabricService.",
+                                     "[<bind>] [<address-hex> <rkey> <remote-addr>]");
+  if (const auto exit = command_line.parse(argc, argv)) return *exit;
   return examples::run_main([&] {
-    const auto arguments = examples::parse(argc, argv);
+    const auto arguments = command_line.initiator();
     std::shared_ptr<dma::Pool> pool;
     try {
       pool = std::make_shared<dma::Pool>(2);
@@ -47,7 +51,7 @@ int main(int argc, char** argv) {
     try {
       const auto result = outcome.get();
       if (result) {
-        std::printf("wrote %zu bytes, crc %s\n", result->bytes, examples::debug_option(result->checksum).c_str());
+        std::printf("wrote %zu bytes, crc %s\n", result->bytes, examples::crc_text(result->checksum).c_str());
       } else {
         std::printf("transfer failed: %s\n", result.message().c_str());
       }

@@ -24,8 +24,7 @@ asio::awaitable<void> read(dma::asynchronous::FabricService<std::vector<std::uin
 
   if (outcome) {
     const bool verified = std::all_of(bytes.begin(), bytes.end(), [](std::uint8_t b) { return b == 0xab; });
-    std::printf("read %zu bytes, crc %s, payload %s\n", outcome->bytes,
-                examples::debug_option(outcome->checksum).c_str(),
+    std::printf("read %zu bytes, crc %s, payload %s\n", outcome->bytes, examples::crc_text(outcome->checksum).c_str(),
                 verified ? "verified" : "IS NOT WHAT THE TARGET SERVED");
   } else {
     std::printf("transfer failed: %s\n", outcome.message().c_str());
@@ -33,8 +32,13 @@ asio::awaitable<void> read(dma::asynchronous::FabricService<std::vector<std::uin
 }
 
 int main(int argc, char** argv) {
+  examples::CommandLine command_line(
+      "read_from_peer",
+      "One FromPeer read of 4096 bytes with the asynchronous service; run it against `one_target --read`.",
+      "[<bind>] [<address-hex> <rkey> <remote-addr>]");
+  if (const auto exit = command_line.parse(argc, argv)) return *exit;
   return examples::run_main([&] {
-    const auto arguments = examples::parse(argc, argv);
+    const auto arguments = command_line.initiator();
     asio::io_context io;
     dma::asynchronous::FabricService<std::vector<std::uint8_t>> service(io, arguments.configuration);
     std::printf("local address: %s\n", dma::encode_hex(service.local_address()).c_str());

@@ -27,8 +27,12 @@ struct Slot {
 };
 
 int main(int argc, char** argv) {
+  examples::CommandLine command_line(
+      "registered_arena", "A write of slot 1 of a pre-registered 64 x 4096-byte arena with the callback FabricService.",
+      "[<bind>] [<address-hex> <rkey> <remote-addr>]");
+  if (const auto exit = command_line.parse(argc, argv)) return *exit;
   return examples::run_main([&] {
-    const auto arguments = examples::parse(argc, argv);
+    const auto arguments = command_line.initiator();
     auto pool = std::make_shared<dma::Pool>(2);
     auto service = dma::FabricService<Slot>::start(
         arguments.configuration,
@@ -60,7 +64,7 @@ int main(int argc, char** argv) {
       const auto result = outcome.get();
       if (result) {
         std::printf("wrote %zu bytes from the arena, crc %s\n", result->bytes,
-                    examples::debug_option(result->checksum).c_str());
+                    examples::crc_text(result->checksum).c_str());
       } else {
         std::printf("transfer failed: %s\n", result.message().c_str());
       }

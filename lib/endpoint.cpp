@@ -14,12 +14,15 @@
 namespace dma {
 namespace {
 
-std::string flag_list(std::uint64_t value, std::initializer_list<std::pair<std::uint64_t, const char*>> flags) {
+// libfabric's own names for a value of one of its types (fi_tostr_r), e.g. "FI_MSG | FI_RMA" for
+// FI_TYPE_CAPS, joined as the seed's lines join flags ("FI_MSG|FI_RMA").
+std::string libfabric_names(const void* value, fi_type type) {
+  char buffer[1024] = {};
+  const char* text = fi_tostr_r(buffer, sizeof buffer, value, type);
   std::string out;
-  for (const auto& [bit, name] : flags) {
-    if ((value & bit) == 0) continue;
-    if (!out.empty()) out += '|';
-    out += name;
+  for (const char* c = text != nullptr ? text : ""; *c != '\0'; ++c) {
+    if (*c == ' ' || *c == '\n') continue;
+    out += *c == ',' ? '|' : *c;
   }
   return out;
 }
@@ -34,24 +37,25 @@ const char* or_empty(const char* text) { return text != nullptr ? text : ""; }
 
 }  // namespace
 
+namespace {
+
+std::string addr_format_name(std::uint32_t addr_format) { return libfabric_names(&addr_format, FI_TYPE_ADDR_FORMAT); }
+
+std::string mr_mode_names(std::uint64_t mr_mode) {
+  const int mode = static_cast<int>(mr_mode);  // fi_tostr reads FI_TYPE_MR_MODE as an int
+  return libfabric_names(&mode, FI_TYPE_MR_MODE);
+}
+
+std::string caps_names(std::uint64_t caps) { return libfabric_names(&caps, FI_TYPE_CAPS); }
+
+}  // namespace
+
 std::vector<std::string> EndpointInfo::lines() const {
-  const auto mr_flags = flag_list(mr_mode, {{FI_MR_LOCAL, "LOCAL"},
-                                            {FI_MR_VIRT_ADDR, "VIRT_ADDR"},
-                                            {FI_MR_ALLOCATED, "ALLOCATED"},
-                                            {FI_MR_PROV_KEY, "PROV_KEY"},
-                                            {FI_MR_ENDPOINT, "ENDPOINT"},
-                                            {FI_MR_HMEM, "HMEM"}});
-  const auto cap_flags = flag_list(caps, {{FI_MSG, "MSG"},
-                                          {FI_RMA, "RMA"},
-                                          {FI_READ, "READ"},
-                                          {FI_WRITE, "WRITE"},
-                                          {FI_REMOTE_READ, "REMOTE_READ"},
-                                          {FI_REMOTE_WRITE, "REMOTE_WRITE"}});
   return {
       "provider: " + provider,
-      "addr_format: " + std::to_string(addr_format),
-      "mr_mode: " + hex(mr_mode) + " [" + mr_flags + "]",
-      "caps: " + hex(caps) + " [" + cap_flags + "]",
+      "addr_format: " + addr_format_name(addr_format),
+      "mr_mode: " + hex(mr_mode) + " [" + mr_mode_names(mr_mode) + "]",
+      "caps: " + hex(caps) + " [" + caps_names(caps) + "]",
       std::string("requires_local_mr: ") + (requires_local_mr ? "true" : "false"),
       std::string("uses_virtual_addressing: ") + (uses_virtual_addressing ? "true" : "false"),
   };

@@ -36,7 +36,7 @@ struct EndpointInfo {
   bool wait_fd = false;                  ///< whether the CQ has an FI_WAIT_FD descriptor
 
   /// provider, addr_format, mr_mode, caps, requires_local_mr, uses_virtual_addressing: the seed's
-  /// six lines, exactly.
+  /// six lines, with libfabric's own names (fi_tostr_r) for the address format and every flag.
   std::vector<std::string> lines() const;
 };
 

@@ -1,92 +1,14 @@
 // A target in a separate process: the one_target example, driven over its stdout.
 #include "fixture.hpp"
 
-#include <fcntl.h>
-#include <poll.h>
-#include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
-#include <unistd.h>
+#include "../../tools/common/child_process.hpp"
 
 #include <cstdlib>
 #include <string>
 
-extern char** environ;
-
 namespace {
 
-// One child process with its stdout on a pipe; killed on destruction if still running.
-class Child {
- public:
-  explicit Child(std::vector<std::string> arguments) {
-    int fds[2];
-    REQUIRE(pipe(fds) == 0);
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO);
-    posix_spawn_file_actions_addclose(&actions, fds[0]);
-    std::vector<char*> argv;
-    for (auto& a : arguments)
-      argv.push_back(a.data());
-    argv.push_back(nullptr);
-    const int rc = posix_spawn(&pid_, argv[0], &actions, nullptr, argv.data(), environ);
-    posix_spawn_file_actions_destroy(&actions);
-    close(fds[1]);
-    out_ = fds[0];
-    REQUIRE(rc == 0);
-  }
-  ~Child() {
-    kill_now();
-    close(out_);
-  }
-
-  void kill_now() {
-    if (pid_ <= 0) return;
-    kill(pid_, SIGKILL);
-    waitpid(pid_, nullptr, 0);
-    pid_ = -1;
-  }
-
-  // The next line of stdout, or "" when none arrives within the bound.
-  std::string line(std::chrono::milliseconds bound = std::chrono::seconds(20)) {
-    const auto deadline = std::chrono::steady_clock::now() + bound;
-    for (;;) {
-      if (auto at = buffer_.find('\n'); at != std::string::npos) {
-        std::string result = buffer_.substr(0, at);
-        buffer_.erase(0, at + 1);
-        return result;
-      }
-      const auto left =
-          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-      if (left.count() <= 0) return {};
-      pollfd p{out_, POLLIN, 0};
-      if (poll(&p, 1, static_cast<int>(left.count())) <= 0) return {};
-      char chunk[512];
-      const ssize_t n = read(out_, chunk, sizeof chunk);
-      if (n <= 0) return {};
-      buffer_.append(chunk, static_cast<std::size_t>(n));
-    }
-  }
-
-  // The exit status, or -1 if it does not exit within the bound.
-  int wait(std::chrono::milliseconds bound = std::chrono::seconds(20)) {
-    const auto deadline = std::chrono::steady_clock::now() + bound;
-    while (std::chrono::steady_clock::now() < deadline) {
-      int status = 0;
-      if (waitpid(pid_, &status, WNOHANG) == pid_) {
-        pid_ = -1;
-        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
-    return -1;
-  }
-
- private:
-  pid_t pid_ = -1;
-  int out_ = -1;
-  std::string buffer_;
-};
+using Child = dma::tools::ChildProcess;
 
 std::string one_target() {
   // Meson passes the path; run by hand, the example sits beside the test directory.
@@ -128,7 +50,7 @@ TEST_CASE("a write reaches a target in another process, which verifies it", "[lo
   REQUIRE(completion.outcome.ok());
   CHECK(completion.outcome->checksum == dma::checksum(completion.caller_context.bytes));
   const std::string received = target.line();
-  CHECK(received.rfind("received 4096 bytes, crc 0x", 0) == 0);
+  CHECK(received.rfind("received 4096 bytes, crc " + std::to_string(*completion.outcome->checksum), 0) == 0);
   CHECK(received.find("payload verified") != std::string::npos);
   CHECK(target.wait() == 0);
 }
@@ -208,25 +130,25 @@ TEST_CASE("one_transfer, registered_arena and read_from_peer print the seed's li
     REQUIRE(lines.size() == 2);
     CHECK(lines[0].rfind("local address: 0200", 0) == 0);
     CHECK(lines[1] == "wrote 4096 bytes, crc Some(2486649235)");
-    CHECK(target.back() == "received 4096 bytes, crc 0x94374193 — payload verified");
+    CHECK(target.back() == "received 4096 bytes, crc 2486649235 — payload verified");
   }
   {
     auto [lines, target] = run_example("registered_arena", false);
     REQUIRE(lines.size() == 3);
     CHECK(lines[1] == "registered 262144 bytes");
     CHECK(lines[2] == "wrote 4096 bytes from the arena, crc Some(2486649235)");
-    CHECK(target.back() == "received 4096 bytes, crc 0x94374193 — payload verified");
+    CHECK(target.back() == "received 4096 bytes, crc 2486649235 — payload verified");
   }
   {
     auto [lines, target] = run_example("async_transfer", false);
     REQUIRE(lines.size() == 2);
     CHECK(lines[1] == "wrote 4096 of 4096 bytes, crc Some(2486649235)");
-    CHECK(target.back() == "received 4096 bytes, crc 0x94374193 — payload verified");
+    CHECK(target.back() == "received 4096 bytes, crc 2486649235 — payload verified");
   }
   {
     auto [lines, target] = run_example("read_from_peer", true);
     REQUIRE(lines.size() == 2);
     CHECK(lines[1] == "read 4096 bytes, crc Some(2486649235), payload verified");
-    CHECK(target[0] == "serving 4096 bytes of 0xab for a remote read, crc 0x94374193 — the initiator verifies");
+    CHECK(target[0] == "serving 4096 bytes of 0xab for a remote read, crc 2486649235 — the initiator verifies");
   }
 }

@@ -1,0 +1,162 @@
+#include "library.hpp"
+
+#include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+namespace bench {
+
+void Library::prepare(const Point& point) {
+  if (point.api == Api::callback) {
+    (void)callback_service(point.wait);
+  } else {
+    (void)async_service(point.wait);
+  }
+}
+
+Sample Library::run(const Point& point) {
+  switch (point.api) {
+    case Api::callback:
+      return callback(point);
+    case Api::handler:
+      return handler(point);
+    case Api::awaitable:
+    case Api::raw:
+      break;
+  }
+  return awaitable(point);
+}
+
+Sample Library::awaitable(const Point& point) {
+  auto& service = async_service(point.wait);
+  Sample sample;
+  const auto end = Clock::now() + span_of(setup_.duration);
+  const bool latency = point.depth == 1;
+  auto lane = [&](int index) -> asio::awaitable<void> {
+    while (Clock::now() < end) {
+      auto request = request_for(setup_, point, index);
+      request.caller_context.started = Clock::now();
+      auto [slice, outcome] = co_await service.submit(std::move(request));
+      record(sample, outcome, slice.started, latency);
+    }
+  };
+  const auto start = Clock::now();
+  for (int i = 0; i < point.depth; ++i)
+    asio::co_spawn(io_, lane(i), asio::detached);
+  sample.seconds = run_lanes(start);
+  return sample;
+}
+
+// Runs the io_context until every lane has stopped; seconds since start.
+double Library::run_lanes(Clock::time_point start) {
+  io_.restart();
+  io_.run();
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+Sample Library::handler(const Point& point) {
+  auto& service = async_service(point.wait);
+  Sample sample;
+  struct Lane {
+    dma::asynchronous::FabricService<Slice>* service;
+    Sample* sample;
+    const Setup* setup;
+    const Point* point;
+    Clock::time_point end;
+    int index;
+    void start() {
+      auto request = request_for(*setup, *point, index);
+      request.caller_context.started = Clock::now();
+      service->submit(std::move(request), [this](dma::Completion<Slice> done) {
+        record(*sample, done.outcome, done.caller_context.started, point->depth == 1);
+        if (Clock::now() < end) start();
+      });
+    }
+  };
+  std::vector<Lane> lanes;
+  lanes.reserve(static_cast<std::size_t>(point.depth));
+  const auto end = Clock::now() + span_of(setup_.duration);
+  const auto start = Clock::now();
+  for (int i = 0; i < point.depth; ++i) {
+    lanes.push_back(Lane{&service, &sample, &setup_, &point, end, i});
+    lanes.back().start();
+  }
+  sample.seconds = run_lanes(start);
+  return sample;
+}
+
+Sample Library::callback(const Point& point) {
+  auto& service = callback_service(point.wait);
+  std::unique_lock lock(mutex_);
+  sample_ = Sample{};
+  point_ = point;
+  end_ = Clock::now() + span_of(setup_.duration);
+  lanes_ = point.depth;
+  lock.unlock();
+  const auto start = Clock::now();
+  for (int i = 0; i < point.depth; ++i)
+    submit(service, i);
+  lock.lock();
+  done_.wait(lock, [&] { return lanes_ == 0; });
+  sample_.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  return sample_;
+}
+
+void Library::print_metrics() const {
+  auto line = [](const std::string& name, const dma::Metrics& m) {
+    std::fprintf(stderr,
+                 "%-18s posted %llu, cq_reads %llu, fd_wakeups %llu, spin_hits %llu, armed_late %llu, "
+                 "eagain %llu, backstop_hits %llu, joined_pass %llu\n",
+                 name.c_str(), static_cast<unsigned long long>(m.posted), static_cast<unsigned long long>(m.cq_reads),
+                 static_cast<unsigned long long>(m.fd_wakeups), static_cast<unsigned long long>(m.spin_hits),
+                 static_cast<unsigned long long>(m.armed_late), static_cast<unsigned long long>(m.eagain),
+                 static_cast<unsigned long long>(m.backstop_hits), static_cast<unsigned long long>(m.joined_pass));
+  };
+  for (const auto& [wait, service] : async_)
+    line("async " + std::string(to_string(wait)) + ":", service->metrics());
+  for (const auto& [wait, service] : callback_)
+    line("callback " + std::string(to_string(wait)) + ":", service->metrics());
+}
+
+dma::asynchronous::FabricService<Slice>& Library::async_service(Wait wait) {
+  auto& slot = async_[wait];
+  if (!slot) slot = std::make_unique<dma::asynchronous::FabricService<Slice>>(io_, setup_.configuration(wait));
+  return *slot;
+}
+
+dma::FabricService<Slice>& Library::callback_service(Wait wait) {
+  auto& slot = callback_[wait];
+  if (!slot) {
+    // The completer runs on the fabric thread: it holds its own map entry (whose address never
+    // changes) rather than looking it up while this thread may be inserting another.
+    auto* service = &slot;
+    slot = dma::FabricService<Slice>::start(
+        setup_.configuration(wait),
+        [this, service](std::span<dma::Completion<Slice>> batch) {
+          for (auto& completion : batch)
+            completed(**service, completion);
+        },
+        nullptr);
+  }
+  return *slot;
+}
+
+void Library::submit(dma::FabricService<Slice>& service, int lane) {
+  auto request = request_for(setup_, point_, lane);
+  request.caller_context.started = Clock::now();
+  (void)service.submit(std::move(request));
+}
+
+void Library::completed(dma::FabricService<Slice>& service, const dma::Completion<Slice>& completion) {
+  const auto lane = static_cast<int>((completion.caller_context.bytes.data() - setup_.local.data()) /
+                                     static_cast<std::ptrdiff_t>(point_.size));
+  record(sample_, completion.outcome, completion.caller_context.started, point_.depth == 1);
+  if (Clock::now() < end_) return submit(service, lane);
+  std::lock_guard lock(mutex_);
+  if (--lanes_ == 0) done_.notify_all();
+}
+
+}  // namespace bench

@@ -1,0 +1,85 @@
+// dma-bench's target: the passive peer the initiator writes into and reads from, either a child
+// process (`dma-bench --serve`, the default) or a thread of this process (--target inprocess).
+#pragma once
+
+#include "../common/child_process.hpp"
+#include "types.hpp"
+
+#include <dma/dma.hpp>
+
+#include <asio/io_context.hpp>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace bench {
+
+/// CPU seconds (user + system) of this process so far.
+double cpu_seconds();
+
+/// How often thread `tid` of this process went to sleep (its voluntary context switches): for the
+/// target's progress thread, each one is a wake-up that a writer over loopback pays in its sendmsg.
+std::uint64_t voluntary_switches(pid_t tid);
+
+/// Binds the calling thread, and every thread it starts afterwards, to one CPU (-1: leave as is).
+void pin_to(int cpu);
+
+/// Runs io on a new thread bound to cpu (-1: anywhere) and returns once the thread has stored its
+/// id in tid, so that voluntary_switches(tid) answers from the first query on.
+std::thread start_progress_thread(asio::io_context& io, int cpu, std::atomic<pid_t>& tid);
+
+/// `--serve`: expose a region, print its advertisement, answer "usage" with this process's CPU
+/// time and how often its progress thread slept, exit on end of input.
+int serve(const std::string& bind, std::size_t region_size, Wait wait, int cpu);
+
+struct TargetUsage {
+  double cpu = 0;            ///< CPU seconds of the target process (0 in process: the initiator's has it)
+  std::uint64_t sleeps = 0;  ///< voluntary context switches of its progress thread
+};
+
+class Target {
+ public:
+  virtual ~Target() = default;
+  virtual const dma::Advertisement& advertisement() const = 0;
+  virtual TargetUsage usage() = 0;
+  virtual bool is_child() const = 0;
+};
+
+/// The target as a child process in its own process group, spoken to over pipes.
+class ChildTarget final : public Target {
+ public:
+  ChildTarget(const std::string& self, const std::string& bind, std::size_t region_size, Wait wait, int cpu);
+  ~ChildTarget() override;
+  const dma::Advertisement& advertisement() const override { return advertisement_; }
+  TargetUsage usage() override;
+  bool is_child() const override { return true; }
+
+ private:
+  dma::tools::ChildProcess process_;
+  dma::Advertisement advertisement_;
+};
+
+/// The target on a thread of this process (its CPU then shows up in the initiator's).
+class InProcessTarget final : public Target {
+ public:
+  InProcessTarget(const std::string& bind, std::size_t region_size, Wait wait, int cpu);
+  ~InProcessTarget() override;
+  const dma::Advertisement& advertisement() const override { return exposed_.advertisement(); }
+  TargetUsage usage() override { return {0, voluntary_switches(tid_.load())}; }
+  bool is_child() const override { return false; }
+
+ private:
+  asio::io_context io_;
+  dma::Target target_;
+  std::vector<std::byte> region_;
+  dma::Target::Region exposed_;
+  asio::executor_work_guard<asio::io_context::executor_type> work_;
+  std::atomic<pid_t> tid_{0};
+  std::thread thread_;
+};
+
+}  // namespace bench

@@ -1,0 +1,240 @@
+// dma-info: what dma-libfabric can open on this machine. For each provider the library supports
+// (or the one named by --provider) it asks libfabric with the library's own hints, opens each
+// fabric and domain found, and reports their attributes in libfabric's names (fi_tostr_r), as a
+// table or --json. Exit 0: something usable was found; 2: nothing (the message says what was tried)
+// or a bad option.
+#include "hints.hpp"
+
+#include <dma/dma.hpp>
+#include <dma/version.hpp>
+
+#include <rdma/fabric.h>
+#include <rdma/fi_domain.h>
+#include <rdma/fi_eq.h>
+#include <rdma/fi_errno.h>
+
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <optional>
+#include <set>
+#include <string>
+#include <tuple>
+#include <vector>
+
+namespace {
+
+/// libfabric's names for a value of one of its types: "FI_MSG, FI_RMA" becomes {"FI_MSG", "FI_RMA"}.
+std::vector<std::string> names_of(const void* value, fi_type type) {
+  char buffer[2048] = {};
+  const char* text = fi_tostr_r(buffer, sizeof buffer, value, type);
+  std::vector<std::string> names;
+  std::string current;
+  for (const char* c = text != nullptr ? text : "";; ++c) {
+    if (*c == ',' || *c == '\0') {
+      if (!current.empty()) names.push_back(current);
+      current.clear();
+      if (*c == '\0') break;
+    } else if (*c != ' ' && *c != '\n') {
+      current += *c;
+    }
+  }
+  return names;
+}
+
+std::string name_of(const void* value, fi_type type) {
+  const auto names = names_of(value, type);
+  return names.empty() ? "" : names.front();
+}
+
+/// The wait objects a CQ is tried with; fi_tostr has no type for them in libfabric 1.17.
+constexpr std::pair<fi_wait_obj, const char*> wait_objects[] = {
+    {FI_WAIT_NONE, "FI_WAIT_NONE"},   {FI_WAIT_UNSPEC, "FI_WAIT_UNSPEC"},
+    {FI_WAIT_FD, "FI_WAIT_FD"},       {FI_WAIT_MUTEX_COND, "FI_WAIT_MUTEX_COND"},
+    {FI_WAIT_YIELD, "FI_WAIT_YIELD"}, {FI_WAIT_POLLFD, "FI_WAIT_POLLFD"},
+};
+
+struct Entry {
+  std::string provider, fabric, domain, addr_format, threading, progress;
+  std::vector<std::string> mr_mode, caps, wait_objects;
+  std::size_t max_msg_size = 0, rma_iov_limit = 0, tx_size = 0, rx_size = 0;
+};
+
+/// Opens the fabric and domain of info and a CQ with each wait object; nullopt with `why` set if
+/// the fabric or domain does not open.
+std::optional<Entry> probe(fi_info& info, std::string& why) {
+  fid_fabric* fabric = nullptr;
+  if (int rc = fi_fabric(info.fabric_attr, &fabric, nullptr); rc != 0) {
+    why = std::string("fi_fabric: ") + fi_strerror(-rc);
+    return std::nullopt;
+  }
+  fid_domain* domain = nullptr;
+  if (int rc = fi_domain(fabric, &info, &domain, nullptr); rc != 0) {
+    why = std::string("fi_domain: ") + fi_strerror(-rc);
+    fi_close(&fabric->fid);
+    return std::nullopt;
+  }
+  Entry e;
+  e.provider = info.fabric_attr->prov_name != nullptr ? info.fabric_attr->prov_name : "";
+  e.fabric = info.fabric_attr->name != nullptr ? info.fabric_attr->name : "";
+  e.domain = info.domain_attr->name != nullptr ? info.domain_attr->name : "";
+  e.addr_format = name_of(&info.addr_format, FI_TYPE_ADDR_FORMAT);
+  e.threading = name_of(&info.domain_attr->threading, FI_TYPE_THREADING);
+  e.progress = name_of(&info.domain_attr->data_progress, FI_TYPE_PROGRESS);
+  const int mr_mode = info.domain_attr->mr_mode;
+  e.mr_mode = names_of(&mr_mode, FI_TYPE_MR_MODE);
+  e.caps = names_of(&info.caps, FI_TYPE_CAPS);
+  e.max_msg_size = info.ep_attr->max_msg_size;
+  e.rma_iov_limit = info.tx_attr->rma_iov_limit;
+  e.tx_size = info.tx_attr->size;
+  e.rx_size = info.rx_attr->size;
+  for (const auto& [wait, name] : wait_objects) {
+    fi_cq_attr attr{};
+    attr.format = FI_CQ_FORMAT_CONTEXT;
+    attr.wait_obj = wait;
+    attr.size = 16;
+    fid_cq* cq = nullptr;
+    if (fi_cq_open(domain, &attr, &cq, nullptr) == 0) {
+      e.wait_objects.emplace_back(name);
+      fi_close(&cq->fid);
+    }
+  }
+  fi_close(&domain->fid);
+  fi_close(&fabric->fid);
+  return e;
+}
+
+/// Every usable entry of one provider; `tried` gets one line saying what was asked and found.
+std::vector<Entry> discover(dma::Provider provider, const std::optional<std::string>& bind,
+                            std::vector<std::string>& tried) {
+  dma::Configuration configuration;
+  configuration.providers = {provider};
+  configuration.bind = bind;
+  std::error_code ec;
+  std::string what;
+  auto list = dma::detail::query_info(configuration, ec, what);
+  const std::string label = std::string(dma::to_string(provider));
+  if (ec) {
+    tried.push_back(label + ": " + (what.empty() ? ec.message() : what));
+    return {};
+  }
+  std::vector<Entry> entries;
+  std::set<std::tuple<std::string, std::string, std::string, std::string>> seen;
+  std::string failures;
+  for (fi_info* info = list.get(); info != nullptr; info = info->next) {
+    std::string why;
+    auto entry = probe(*info, why);
+    if (!entry) {
+      failures += (failures.empty() ? "" : "; ") + why;
+      continue;
+    }
+    if (!seen.insert({entry->provider, entry->fabric, entry->domain, entry->addr_format}).second) continue;
+    entries.push_back(std::move(*entry));
+  }
+  if (entries.empty()) tried.push_back(label + ": fi_getinfo found entries, none opened: " + failures);
+  return entries;
+}
+
+std::string quoted(const std::string& text) {
+  std::string out = "\"";
+  for (const char c : text) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      char escape[8];
+      std::snprintf(escape, sizeof escape, "\\u%04x", c);
+      out += escape;
+    } else {
+      out += c;
+    }
+  }
+  return out + '"';
+}
+
+std::string json_list(const std::vector<std::string>& items) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < items.size(); ++i)
+    out += (i > 0 ? ", " : "") + quoted(items[i]);
+  return out + "]";
+}
+
+std::string joined(const std::vector<std::string>& items) {
+  std::string out;
+  for (const auto& item : items)
+    out += (out.empty() ? "" : "|") + item;
+  return out.empty() ? "-" : out;
+}
+
+void print_json(const std::vector<Entry>& entries) {
+  std::printf("{\n  \"dma_libfabric\": %s,\n  \"libfabric\": %s,\n  \"entries\": [\n",
+              quoted(std::string(dma::version())).c_str(), quoted(dma::fabric_version()).c_str());
+  for (std::size_t i = 0; i < entries.size(); ++i) {
+    const auto& e = entries[i];
+    std::printf(
+        "    {\"provider\": %s, \"fabric\": %s, \"domain\": %s, \"addr_format\": %s, \"mr_mode\": %s, "
+        "\"caps\": %s, \"max_msg_size\": %zu, \"rma_iov_limit\": %zu, \"tx_size\": %zu, \"rx_size\": %zu, "
+        "\"wait_objects\": %s, \"threading\": %s, \"data_progress\": %s}%s\n",
+        quoted(e.provider).c_str(), quoted(e.fabric).c_str(), quoted(e.domain).c_str(), quoted(e.addr_format).c_str(),
+        json_list(e.mr_mode).c_str(), json_list(e.caps).c_str(), e.max_msg_size, e.rma_iov_limit, e.tx_size, e.rx_size,
+        json_list(e.wait_objects).c_str(), quoted(e.threading).c_str(), quoted(e.progress).c_str(),
+        i + 1 < entries.size() ? "," : "");
+  }
+  std::printf("  ]\n}\n");
+}
+
+void print_text(const std::vector<Entry>& entries) {
+  std::printf("dma-libfabric %s, libfabric %s\n", std::string(dma::version()).c_str(), dma::fabric_version().c_str());
+  for (const auto& e : entries) {
+    std::printf("\nprovider: %s\nfabric: %s\ndomain: %s\naddr_format: %s\nmr_mode: %s\ncaps: %s\n", e.provider.c_str(),
+                e.fabric.c_str(), e.domain.c_str(), e.addr_format.c_str(), joined(e.mr_mode).c_str(),
+                joined(e.caps).c_str());
+    std::printf("max_msg_size: %zu\nrma_iov_limit: %zu\ntx_size: %zu\nrx_size: %zu\nwait_objects: %s\n", e.max_msg_size,
+                e.rma_iov_limit, e.tx_size, e.rx_size, joined(e.wait_objects).c_str());
+    std::printf("threading: %s\ndata_progress: %s\n", e.threading.c_str(), e.progress.c_str());
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app("dma-info: the providers and domains dma-libfabric can open on this machine, with libfabric's names",
+               "dma-info");
+  app.set_version_flag("--version", "dma-info (dma-libfabric) " + std::string(dma::version()));
+  std::vector<std::string> providers;
+  std::optional<std::string> bind;
+  bool json = false;
+  app.add_option("--provider", providers, "only these providers (repeatable): tcp, efa-direct")
+      ->check(CLI::IsMember({"tcp", "efa-direct"}));
+  app.add_option("--bind", bind, "source address for fi_getinfo (FI_SOURCE), e.g. 127.0.0.1");
+  app.add_flag("--json", json, "print JSON instead of text");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& error) {
+    const int code = app.exit(error);
+    return code == 0 ? 0 : 2;
+  }
+
+  if (providers.empty()) providers = {"tcp", "efa-direct"};
+  std::vector<Entry> entries;
+  std::vector<std::string> tried;
+  for (const auto& name : providers) {
+    const auto provider = name == "efa-direct" ? dma::Provider::efa_direct : dma::Provider::tcp;
+    auto found = discover(provider, bind, tried);
+    entries.insert(entries.end(), found.begin(), found.end());
+  }
+  if (entries.empty()) {
+    std::fprintf(stderr, "dma-info: nothing usable found with libfabric %s; tried:\n", dma::fabric_version().c_str());
+    for (const auto& line : tried)
+      std::fprintf(stderr, "  %s\n", line.c_str());
+    return 2;
+  }
+  for (const auto& line : tried)  // a provider that is absent while another works
+    std::fprintf(stderr, "dma-info: not available: %s\n", line.c_str());
+  if (json) {
+    print_json(entries);
+  } else {
+    print_text(entries);
+  }
+  return 0;
+}

@@ -99,6 +99,7 @@ struct Configuration {
   /// Each marking in a row doubles it, up to unreachable_backoff_max; a completed transfer resets
   /// it. The first transfer after the back-off reconnects on a fresh address-vector entry.
   std::chrono::nanoseconds unreachable_backoff = std::chrono::seconds(1);
+  /// The longest back-off, however many markings in a row.
   std::chrono::nanoseconds unreachable_backoff_max = std::chrono::seconds(30);
 
   // Beyond the Rust crate.

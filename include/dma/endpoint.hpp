@@ -79,8 +79,8 @@ class Endpoint {
   void close_endpoint() noexcept { endpoint_.reset(); }
   /// A replaced endpoint and its completion queue, both still open.
   struct Retired {
-    detail::Fid<fid_ep> endpoint;
-    detail::Fid<fid_cq> cq;
+    detail::Fid<fid_ep> endpoint;  ///< close it first: the provider returns its operations to cq
+    detail::Fid<fid_cq> cq;        ///< drain it, then close it
   };
   /// Opens a fresh endpoint with a fresh completion queue (same attributes) on the same domain and
   /// address vector, and makes them the ones endpoint() and cq() return; hands back the previous

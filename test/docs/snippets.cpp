@@ -85,12 +85,16 @@ void check(const dma::Completion<Bytes>& completion) {
   if (outcome.ok()) {                                      // or: if (outcome)
     std::size_t bytes = outcome->bytes;                    // TransferDone
     std::optional<std::uint32_t> crc = outcome->checksum;  // set when want_checksum
+  } else if (outcome.error() == std::errc::timed_out) {
+    // not done within its deadline (Configuration::transfer_deadline or request.deadline)
+  } else if (outcome.error() == dma::condition::connection_lost) {
+    // the connection broke under it: the peer died, or rejected it (a wrong key or range)
   } else if (outcome.error() == dma::condition::peer_unreachable) {
-    // gone, refused, connection torn down, or progress_deadline passed
+    // refused, never connected within progress_deadline, or backing off after that
   } else if (outcome.error() == dma::errc::shutdown) {
     // the service closed first
   } else if (outcome.error() == asio::error::operation_aborted) {
-    // you cancelled it before it was posted
+    // you cancelled it
   }
   std::string text = outcome.message();  // "ok", or the error's message plus provider detail
   int prov = outcome.provider_errno();   // the provider's errno of an error completion, else 0

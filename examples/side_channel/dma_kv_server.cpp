@@ -71,9 +71,23 @@ struct Counters {
   std::atomic<std::uint64_t> transfers_failed{0};
   std::atomic<std::uint64_t> transfers_timed_out{0};
   std::atomic<std::uint64_t> crc_mismatches{0};
-  std::atomic<std::uint64_t> bytes_read{0};     ///< pulled out of clients by DMA.SET
-  std::atomic<std::uint64_t> bytes_written{0};  ///< pushed into clients by DMA.GET
-  std::atomic<std::uint64_t> dma_clients{0};    ///< connections past DMA.HELLO now
+  std::atomic<std::uint64_t> bytes_read{0};      ///< pulled out of clients by DMA.SET
+  std::atomic<std::uint64_t> bytes_written{0};   ///< pushed into clients by DMA.GET
+  std::atomic<std::uint64_t> dma_clients{0};     ///< connections past DMA.HELLO now
+  std::atomic<std::uint64_t> sets_in_flight{0};  ///< DMA.SET transfers submitted and not completed
+  std::atomic<std::uint64_t> gets_in_flight{0};
+};
+
+// Counts one transfer in flight while it lives.
+class InFlight {
+ public:
+  explicit InFlight(std::atomic<std::uint64_t>& counter) : counter_(counter) { ++counter_; }
+  ~InFlight() { --counter_; }
+  InFlight(const InFlight&) = delete;
+  InFlight& operator=(const InFlight&) = delete;
+
+ private:
+  std::atomic<std::uint64_t>& counter_;
 };
 
 class Connection;
@@ -88,8 +102,9 @@ class Server {
         acceptor_(io, tcp::endpoint(asio::ip::make_address(options.bind), options.port)),
         store_(options.max_memory),
         started_(std::chrono::steady_clock::now()) {
-    limits_.max_bulk = options.max_value;
-    limits_.max_request = options.max_value + 64 * 1024;
+    // A bulk somewhat over the value limit still parses, so SET can answer it with an error.
+    limits_.max_bulk = options.max_value + 64 * 1024;
+    limits_.max_request = limits_.max_bulk + 64 * 1024;
   }
 
   std::uint16_t port() const { return acceptor_.local_endpoint().port(); }
@@ -136,7 +151,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
  private:
   static constexpr std::size_t initial_buffer = 16 * 1024;
 
-  bool make_room();
+  bool make_room(std::size_t needed);
   asio::awaitable<bool> execute(std::span<const std::string_view> arguments);
   asio::awaitable<void> hello(std::string_view address_hex);
   asio::awaitable<void> dma_set(std::span<const std::string_view> arguments);
@@ -179,7 +194,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
 // Moves unparsed bytes to the front, and grows the buffer (up to the largest request) when a
 // request needs more room than is left. False when a request would not fit at all.
-bool Connection::make_room() {
+bool Connection::make_room(std::size_t needed) {
   const std::size_t pending = end_ - begin_;
   if (begin_ > 0 && (end_ == buffer_.size() || begin_ > buffer_.size() / 2)) {
     std::memmove(buffer_.data(), buffer_.data() + begin_, pending);
@@ -190,8 +205,9 @@ bool Connection::make_room() {
     buffer_.resize(initial_buffer);
     buffer_.shrink_to_fit();
   }
-  if (end_ < buffer_.size()) return true;
   const std::size_t limit = server_.limits_.max_request + 64 * 1024;
+  if (needed > buffer_.size() - begin_ && begin_ + needed <= limit) buffer_.resize(begin_ + needed);
+  if (end_ < buffer_.size()) return true;
   if (buffer_.size() >= limit) return false;
   buffer_.resize(std::min(limit, buffer_.size() * 2));
   return true;
@@ -221,7 +237,7 @@ asio::awaitable<void> Connection::run() {
       open = co_await flush() && open;
       continue;
     }
-    if (parsed.status == kv::resp::Status::error || !make_room()) {
+    if (parsed.status == kv::resp::Status::error || !make_room(parsed.needed)) {
       ++server_.counters_.protocol_errors;
       error(parsed.status == kv::resp::Status::error ? "ERR " + parsed.error : "ERR Protocol error: request too large");
       co_await flush();
@@ -438,7 +454,9 @@ asio::awaitable<void> Connection::dma_set(std::span<const std::string_view> argu
   request.length = length;
   request.want_checksum = true;
   request.caller_context = Slot{std::move(region), length};
+  std::optional<InFlight> in_flight(std::in_place, counters.sets_in_flight);
   auto [slot, outcome] = co_await server_.service_.submit(std::move(request));
+  in_flight.reset();
   if (!account(outcome)) {
     store.release(length);
     co_return error("ERR transfer failed: " + outcome.message());
@@ -473,7 +491,9 @@ asio::awaitable<void> Connection::dma_get(std::span<const std::string_view> argu
     request.remote_address = window.address;
     request.direction = dma::Direction::ToPeer;
     request.caller_context = Slot{value->region, value->length};
+    std::optional<InFlight> in_flight(std::in_place, counters.gets_in_flight);
     auto [slot, outcome] = co_await server_.service_.submit(std::move(request));
+    in_flight.reset();
     if (!account(outcome)) co_return error("ERR transfer failed: " + outcome.message());
     counters.bytes_written += value->length;
   }
@@ -574,6 +594,8 @@ std::string Server::info() const {
   line("hellos_rejected", counters_.hellos_rejected.load());
   s += "\r\n# Transfers\r\n";
   line("outstanding", service_.outstanding());
+  line("dma_sets_in_flight", counters_.sets_in_flight.load());
+  line("dma_gets_in_flight", counters_.gets_in_flight.load());
   line("transfers_ok", counters_.transfers_ok.load());
   line("transfers_failed", counters_.transfers_failed.load());
   line("transfers_timed_out", counters_.transfers_timed_out.load());

@@ -85,7 +85,7 @@ Parsed parse_multibulk(std::string_view input, const Limits& limits, std::vector
     const auto n = static_cast<std::size_t>(length);
     total += n;
     if (total > limits.max_request) return fail("request larger than " + std::to_string(limits.max_request) + " bytes");
-    if (input.size() - at < n + 2) return {Status::incomplete, 0, {}};
+    if (input.size() - at < n + 2) return {Status::incomplete, 0, {}, at + n + 2};
     if (input[at + n] != '\r' || input[at + n + 1] != '\n') return fail("bulk string not terminated by CRLF");
     arguments.push_back(input.substr(at, n));
     at += n + 2;
@@ -151,7 +151,7 @@ Parsed parse_reply_at(std::string_view input, std::size_t& at, const Limits& lim
       if (length < 0 || static_cast<std::uint64_t>(length) > limits.max_bulk)
         return fail("invalid bulk length " + std::to_string(length));
       const auto n = static_cast<std::size_t>(length);
-      if (input.size() - at < n + 2) return {Status::incomplete, 0, {}};
+      if (input.size() - at < n + 2) return {Status::incomplete, 0, {}, at + n + 2};
       if (input[at + n] != '\r' || input[at + n + 1] != '\n') return fail("bulk string not terminated by CRLF");
       reply.type = Reply::Type::bulk;
       reply.text = input.substr(at, n);

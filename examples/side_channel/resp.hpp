@@ -31,6 +31,7 @@ struct Parsed {
   Status status = Status::incomplete;
   std::size_t consumed = 0;
   std::string error;
+  std::size_t needed = 0;  ///< incomplete: the request's whole length when the parser knows it
 };
 
 /// Parses the first request in input. On `complete`, arguments views input (valid while input is);

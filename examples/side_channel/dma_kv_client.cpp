@@ -47,7 +47,6 @@ namespace {
 using asio::ip::tcp;
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
-constexpr auto tuple_awaitable = dma::compat::as_tuple(asio::use_awaitable);
 
 struct Failure : std::runtime_error {
   using std::runtime_error::runtime_error;
@@ -140,6 +139,10 @@ std::string reply_text(const kv::resp::Reply& reply) {
       return "(array of " + std::to_string(reply.elements.size()) + ")";
   }
   return {};
+}
+
+bool same_bytes(std::span<const std::byte> a, std::span<const std::byte> b) {
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size()) == 0);
 }
 
 void expect_ok(const kv::resp::Reply& reply, std::string_view what) {
@@ -281,7 +284,7 @@ int command_get(const Common& common, const std::string& key, const std::optiona
     return 1;
   }
   const kv::Pattern pattern(value.size());
-  if (std::ranges::equal(value, pattern.value(kv::seed_of(key), value.size()))) {
+  if (same_bytes(value, pattern.value(kv::seed_of(key), value.size()))) {
     std::printf("the bytes are the pattern `set %s --size %zu` writes\n", key.c_str(), value.size());
   }
   if (out) {
@@ -487,14 +490,14 @@ class Bench {
         if (channel) {
           const auto [length, crc] = co_await channel->get(names[k]);
           (void)crc;
-          if (length != written.length || !std::ranges::equal(channel->buffer().first(length), expected)) {
+          if (length != written.length || !same_bytes(channel->buffer().first(length), expected)) {
             ++result.mismatches;
           }
         } else {
           const std::vector<std::string> arguments{"GET", names[k]};
           const auto reply = co_await resp->command(arguments);
           if (reply.type != kv::resp::Reply::Type::bulk ||
-              !std::ranges::equal(std::as_bytes(std::span(reply.text)), expected)) {
+              !same_bytes(std::as_bytes(std::span(reply.text)), expected)) {
             ++result.mismatches;
           }
         }
@@ -504,7 +507,7 @@ class Bench {
         const Written next{(static_cast<std::uint64_t>(index) << 40) + ++version, draw_size(rng)};
         const auto value = pattern_->value(next.seed, next.length);
         if (channel) {
-          std::ranges::copy(value, channel->buffer().begin());
+          std::memcpy(channel->buffer().data(), value.data(), value.size());
           co_await channel->set(names[k], next.length);
         } else {
           const std::vector<std::string> arguments{"SET", names[k]};
@@ -527,6 +530,12 @@ class Bench {
   std::optional<kv::Pattern> pattern_;
   Clock::time_point deadline_;
 };
+
+std::string seconds_text(double seconds) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%g", seconds);
+  return text;
+}
 
 bool on_path(const std::string& program) {
   if (program.find('/') != std::string::npos) return access(program.c_str(), X_OK) == 0;
@@ -660,7 +669,7 @@ int command_bench(const Common& common, const BenchOptions& options) {
   } else {
     std::printf("%u clients, sizes %s, get:set %s, %s\n", options.clients, options.sizes.c_str(), options.ratio.c_str(),
                 options.ops > 0 ? (std::to_string(options.ops) + " operations per client").c_str()
-                                : (std::to_string(options.duration) + " s per arm").c_str());
+                                : (seconds_text(options.duration) + " s per arm").c_str());
     std::printf("%-8s %10s %12s %9s %10s %10s %8s %10s\n", "arm", "ops", "ops/s", "GB/s", "p50 us", "p99 us", "errors",
                 "mismatches");
   }

@@ -9,7 +9,6 @@
 #include "resp.hpp"
 #include "store.hpp"
 
-#include <malloc.h>
 #include <CLI/CLI.hpp>
 #include <asio/co_spawn.hpp>
 #include <asio/detached.hpp>
@@ -394,14 +393,14 @@ asio::awaitable<void> Connection::hello(std::string_view address_hex) {
   kv::resp::append_integer(out_, static_cast<std::int64_t>(server_.options_.max_value));
 }
 
-// Parses `<rkey> <remote-addr> <length>` (DMA.SET, DMA.GET's capacity) into a request; false
-// after replying the error.
+// `<rkey> <remote-addr> <length>` of DMA.SET, and DMA.GET's `<rkey> <remote-addr> <capacity>`.
 struct Window {
   std::uint64_t rkey = 0;
   std::uint64_t address = 0;
   std::uint64_t length = 0;
 };
 
+// Fills window, or returns the error to reply.
 std::string parse_window(std::span<const std::string_view> fields, const char* length_name, Window& window) {
   const auto rkey = dma::parse_u64(fields[0]);
   if (!rkey) return "ERR invalid rkey '" + std::string(fields[0].substr(0, 32)) + "'";
@@ -639,10 +638,6 @@ int main(int argc, char** argv) {
       "--allow-any-fabric-host", options.allow_any_fabric_host,
       "accept a DMA.HELLO whose fabric address names another host than its connection (trusted networks only)");
   CLI11_PARSE(app, argc, argv);
-
-  // Values are large and short-lived: a fixed mmap threshold hands freed values back to the OS at
-  // once instead of letting glibc raise the threshold and keep them in the heap.
-  mallopt(M_MMAP_THRESHOLD, 256 * 1024);
 
   try {
     dma::Configuration configuration;

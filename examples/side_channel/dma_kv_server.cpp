@@ -122,7 +122,7 @@ class Server {
   std::atomic<std::uint64_t> next_client_id_{1};
   const std::chrono::steady_clock::time_point started_;
 
-  std::mutex connections_mutex_;
+  mutable std::mutex connections_mutex_;
   std::set<std::shared_ptr<Connection>> connections_;
 };
 
@@ -551,7 +551,7 @@ std::string Server::info() const {
   const auto uptime = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() - started_);
   std::size_t connected = 0;
   {
-    std::lock_guard lock(const_cast<std::mutex&>(connections_mutex_));
+    std::lock_guard lock(connections_mutex_);
     connected = connections_.size();
   }
   std::string s;

@@ -58,7 +58,7 @@ int kill_during_transfers(const Server& server) {
 }  // namespace
 
 TEST_CASE("64 clients x 200 operations of 1 B to 1 MiB read back every byte they wrote", "[side_channel][load]") {
-  Server server;
+  Server server({"--threads", "2"});  // connections on strands of a two-thread io_context
   Child load(bench(server, {"--clients", "64", "--ops", "200", "--sizes", "1-1M", "--ratio", "1:1", "--keys", "4",
                             "--arms", "dma", "--json"}));
   const auto json = load.rest(120s);

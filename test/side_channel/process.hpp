@@ -308,6 +308,38 @@ inline std::size_t fd_count(pid_t pid) {
   return n;
 }
 
+/// For `socket:[inode]`, the TCP socket's local and remote ends and state from /proc/<pid>/net/tcp.
+inline std::string socket_ends(pid_t pid, const std::string& target) {
+  if (target.rfind("socket:[", 0) != 0) return {};
+  const std::string inode = target.substr(8, target.size() - 9);
+  std::ifstream in("/proc/" + std::to_string(pid) + "/net/tcp");
+  for (std::string line; std::getline(in, line);) {
+    std::stringstream fields(line);
+    std::vector<std::string> f;
+    for (std::string field; fields >> field;)
+      f.push_back(field);
+    if (f.size() > 9 && f[9] == inode) return " tcp " + f[1] + " -> " + f[2] + " state " + f[3];
+  }
+  return {};
+}
+
+/// What each of a process's fds refers to, one `fd -> target` per line (for failure messages).
+inline std::string fd_targets(pid_t pid) {
+  std::string out;
+  const std::string dir = "/proc/" + std::to_string(pid) + "/fd";
+  if (DIR* d = opendir(dir.c_str())) {
+    while (dirent* entry = readdir(d)) {
+      if (entry->d_name[0] == '.') continue;
+      char target[256] = {};
+      const ssize_t n = readlink((dir + "/" + entry->d_name).c_str(), target, sizeof target - 1);
+      const std::string what = n > 0 ? std::string(target, static_cast<std::size_t>(n)) : "?";
+      out += std::string(entry->d_name) + " -> " + what + socket_ends(pid, what) + "\n";
+    }
+    closedir(d);
+  }
+  return out;
+}
+
 inline std::size_t rss_kib(pid_t pid) {
   std::ifstream in("/proc/" + std::to_string(pid) + "/status");
   for (std::string line; std::getline(in, line);) {

@@ -557,7 +557,17 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
   // Returns how many operations it finished.
   std::size_t reap() {
     reaping_ = true;
-    const std::size_t finished = drain_cq();
+    std::size_t finished = drain_cq();
+    // A replaced endpoint holds only doomed transfers now (its last healthy one just came back,
+    // or a sweep or cancellation doomed the rest): close it, and complete what it hands back in
+    // this same drain.
+    if (reclaim_due_) {
+      reclaim_due_ = false;
+      if (reclaim_step()) {
+        finished += drain_cq();
+        reclaimer_.collect();
+      }
+    }
     if (finished != 0 && drain_hook_ != nullptr) drain_hook_(drain_hook_context_);
     reaping_ = false;
     if (finished != 0) absorb_intake();
@@ -614,7 +624,7 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
   // The provider handed op back (successfully or not): the bookkeeping of a posted transfer.
   void returned(Operation* op) noexcept {
     --in_flight_;
-    reclaimer_.returned(*op);
+    if (reclaimer_.returned(*op)) reclaim_due_ = true;
     PeerFlow& flow = op->peer->flow;
     --flow.in_flight;
     // Out of the round-robin with work left: its credits were used up, or it waited for this to
@@ -781,20 +791,23 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
     reclaim();
   }
 
-  // Lets the reclaimer replace or close endpoints. A closed endpoint has handed its transfers to
-  // its CQ by the time fi_close returns: they are completed here, then its CQ goes.
+  // Lets the reclaimer replace or close endpoints, through a reaper pass: a closed endpoint has
+  // handed its transfers to its CQ by the time fi_close returns, and they complete in that pass.
   void reclaim() {
+    reclaim_due_ = true;
+    (void)reap();
+    post_pending();
+    schedule_progress();
+  }
+
+  // Returns whether it closed a replaced endpoint.
+  bool reclaim_step() {
     std::error_code ec;
     const std::uint64_t before = reclaimer_.replacements();
     const bool closed_one = reclaimer_.step(ec);
     if (reclaimer_.replacements() != before) adopt_new_endpoint();
     if (ec) queue_errors_.add();  // no fresh endpoint: the doomed transfers wait for the next try
-    if (closed_one) {
-      (void)drain_cq();
-      reclaimer_.collect();
-      post_pending();
-      schedule_progress();
-    }
+    return closed_one;
   }
 
   // The endpoint was replaced: new address, new CQ, new wait fd.
@@ -1097,6 +1110,7 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
   std::vector<fi_cq_entry> entries_;
   bool wait_armed_ = false;
   bool reaping_ = false;
+  bool reclaim_due_ = false;  ///< a replaced endpoint holds only doomed transfers now
   void (*drain_hook_)(void*) = nullptr;  ///< the callback layer's batch delivery (set_drain_hook)
   void* drain_hook_context_ = nullptr;
   Clock::time_point spin_until_{};

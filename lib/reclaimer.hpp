@@ -39,11 +39,18 @@ class Reclaimer {
     op.generation = current_.generation;
     ++current_.in_flight;
   }
-  /// The provider handed op back (a CQ entry arrived for it).
-  void returned(const Operation& op) noexcept {
-    Generation& g = op.generation == current_.generation ? current_ : retiring_of(op.generation);
+  /// The provider handed op back (a CQ entry arrived for it). True when that leaves a replaced
+  /// endpoint holding only doomed transfers: step() closes it.
+  bool returned(const Operation& op) noexcept {
+    if (op.generation == current_.generation) {
+      --current_.in_flight;
+      if (op.doom != Doom::none) --current_.doomed;
+      return false;
+    }
+    Generation& g = retiring_of(op.generation);
     --g.in_flight;
     if (op.doom != Doom::none) --g.doomed;
+    return !g.closed && g.in_flight == g.doomed;
   }
   /// op is posted and must be handed back as soon as possible; a second doom keeps the first reason.
   void doom(Operation& op, Doom why) noexcept;

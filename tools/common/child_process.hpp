@@ -26,9 +26,9 @@ namespace dma::tools {
 
 class ChildProcess {
  public:
-  /// Starts arguments[0] (a path, or a name looked up in PATH) with the rest as its arguments; throws std::system_error. With
-  /// own_process_group the child leaves the terminal's foreground group, so a Ctrl-C reaches only
-  /// this process, which then ends the child itself.
+  /// Starts arguments[0] (a path, or a name looked up in PATH) with the rest as its arguments; throws
+  /// std::system_error. With own_process_group the child leaves the terminal's foreground group, so a Ctrl-C reaches
+  /// only this process, which then ends the child itself.
   explicit ChildProcess(std::vector<std::string> arguments, bool own_process_group = false) {
     int in[2], out[2];
     if (pipe2(in, O_CLOEXEC) != 0) throw std::system_error(errno, std::generic_category(), "pipe");

@@ -1110,7 +1110,7 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
   std::vector<fi_cq_entry> entries_;
   bool wait_armed_ = false;
   bool reaping_ = false;
-  bool reclaim_due_ = false;  ///< a replaced endpoint holds only doomed transfers now
+  bool reclaim_due_ = false;             ///< a replaced endpoint holds only doomed transfers now
   void (*drain_hook_)(void*) = nullptr;  ///< the callback layer's batch delivery (set_drain_hook)
   void* drain_hook_context_ = nullptr;
   Clock::time_point spin_until_{};

@@ -180,9 +180,10 @@ struct Codec<bool> {
   static std::string write(bool value) { return value ? "true" : "false"; }
 };
 
-template <>
-struct Codec<std::size_t> {
-  static std::size_t read(const Value& v) {
+// An integer within the key's limits (which also keep it inside Int's range).
+template <typename Int>
+struct IntegerCodec {
+  static Int read(const Value& v) {
     const auto* integer = v.node.as_integer();
     if (!integer) v.expected("an integer");
     const std::int64_t value = integer->get();
@@ -190,25 +191,16 @@ struct Codec<std::size_t> {
       v.refuse("expected an integer from " + std::to_string(v.limits.min) + " to " + std::to_string(v.limits.max) +
                ", got " + std::to_string(value));
     }
-    return static_cast<std::size_t>(value);
+    return static_cast<Int>(value);
   }
-  static std::string write(std::size_t value) { return std::to_string(value); }
+  static std::string write(Int value) { return std::to_string(value); }
 };
 
 template <>
-struct Codec<std::uint16_t> {
-  static std::uint16_t read(const Value& v) {
-    const auto* integer = v.node.as_integer();
-    if (!integer) v.expected("an integer");
-    const std::int64_t value = integer->get();
-    if (value < v.limits.min || value > v.limits.max) {
-      v.refuse("expected an integer from " + std::to_string(v.limits.min) + " to " + std::to_string(v.limits.max) +
-               ", got " + std::to_string(value));
-    }
-    return static_cast<std::uint16_t>(value);
-  }
-  static std::string write(std::uint16_t value) { return std::to_string(value); }
-};
+struct Codec<std::size_t> : IntegerCodec<std::size_t> {};
+
+template <>
+struct Codec<std::uint16_t> : IntegerCodec<std::uint16_t> {};
 
 // A byte count: an integer or a string such as "16GiB".
 struct Bytes {

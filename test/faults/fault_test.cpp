@@ -3,6 +3,7 @@
 // short so the suite stays quick; the time bounds are generous, never a measurement.
 #include "../catch.hpp"
 #include "../child_process.hpp"
+#include "run_until.hpp"
 
 #include <dma/dma.hpp>
 
@@ -31,6 +32,8 @@
 #include <vector>
 
 namespace {
+
+using test::run_until;
 
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
@@ -119,16 +122,6 @@ dma::TransferRequest<Payload> write_to(const dma::Advertisement& ad, std::uint64
 }
 
 /// Runs io until pred holds or the bound passes; returns whether pred held.
-bool run_until(asio::io_context& io, const std::function<bool()>& pred, std::chrono::milliseconds bound) {
-  const auto deadline = Clock::now() + bound;
-  while (!pred()) {
-    if (Clock::now() >= deadline) return false;
-    io.restart();
-    io.run_for(5ms);
-  }
-  return true;
-}
-
 std::size_t open_fds() {
   std::size_t n = 0;
   if (DIR* dir = opendir("/proc/self/fd")) {

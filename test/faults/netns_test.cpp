@@ -5,6 +5,7 @@
 #define CATCH_CONFIG_RUNNER
 #include "../catch.hpp"
 #include "../child_process.hpp"
+#include "run_until.hpp"
 
 #include <dma/dma.hpp>
 
@@ -23,6 +24,8 @@
 #include <vector>
 
 namespace {
+
+using test::run_until;
 
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
@@ -65,16 +68,6 @@ struct Payload {
   std::vector<std::byte> bytes;
   std::span<const std::byte> source() const { return bytes; }
 };
-
-bool run_until(asio::io_context& io, const std::function<bool()>& pred, std::chrono::milliseconds bound) {
-  const auto deadline = Clock::now() + bound;
-  while (!pred()) {
-    if (Clock::now() >= deadline) return false;
-    io.restart();
-    io.run_for(5ms);
-  }
-  return true;
-}
 
 }  // namespace
 

@@ -17,6 +17,7 @@
 #include <asio/use_awaitable.hpp>
 
 #include <dirent.h>
+#include <malloc.h>
 
 #include <algorithm>
 #include <chrono>
@@ -132,7 +133,10 @@ std::size_t open_fds() {
   return n;
 }
 
+// Resident memory in KiB, after handing the allocator's free pages back to the system, so that
+// memory freed by earlier tests (whose payloads reach hundreds of MiB) does not count.
 std::size_t rss_kib() {
+  ::malloc_trim(0);
   std::ifstream status("/proc/self/status");
   std::string key;
   while (status >> key) {

@@ -7,6 +7,9 @@
 #include <new>
 
 #include "../loopback/fixture.hpp"
+#include "notification_queue.hpp"
+#include "segment_plan.hpp"
+#include "segment_tracker.hpp"
 
 namespace {
 std::atomic<std::uint64_t> allocations{0};
@@ -112,4 +115,49 @@ TEST_CASE("steady-state callback transfers allocate nothing", "[alloc]") {
   INFO("allocations in " << window << " transfers: " << after - before);
   CHECK(after - before == 0);
   service.reset();
+}
+
+// The per-transfer parts of segmented and gathered transfers and of write notifications: a
+// 64 MiB write in 1 MiB posts, a gather of 9 buffers over iov_limit 4, and 10,000 notifications.
+TEST_CASE("planning, tracking and queueing notifications allocate nothing", "[alloc]") {
+  using namespace dma::detail;
+  constexpr std::size_t mib = std::size_t{1} << 20;
+  std::vector<std::byte> memory(9 * 64);
+  std::vector<LocalSegment> gather;
+  for (std::size_t i = 0; i < 9; ++i)
+    gather.push_back({memory.data() + 64 * i, 64, nullptr});
+  const LocalSegment big[] = {{reinterpret_cast<std::byte*>(std::uintptr_t{1} << 32), 64 * mib, nullptr}};
+  const RemoteSegment big_remote[] = {{0, 64 * mib, 1}};
+  const RemoteSegment gather_remote[] = {{0, 9 * 64, 1}};
+  SegmentTracker tracker;
+  NotificationQueue queue(64);
+  const std::uint64_t before = allocations.load();
+  std::size_t posts = 0;
+  for (int round = 0; round < 100; ++round) {
+    ShapeError error{};
+    const SegmentPlan plans[] = {SegmentPlan::make(big, big_remote, {mib, 4, 4}, error),
+                                 SegmentPlan::make(gather, gather_remote, {mib, 4, 4}, error)};
+    for (const SegmentPlan& plan : plans) {
+      tracker.start(nullptr, plan.total(), 8);
+      SegmentPost post;
+      SegmentCursor at;
+      while (!tracker.finished()) {
+        while (SegmentSlot* slot = plan.finished(at) ? nullptr : tracker.next_slot()) {
+          at = plan.fill(at, post);
+          tracker.posted(*slot, post.bytes, 0);
+          ++posts;
+        }
+        tracker.for_each_in_flight([&](SegmentSlot& slot) { (void)tracker.returned(slot); });
+      }
+      REQUIRE(tracker.outcome().ok());
+    }
+    for (std::uint64_t i = 0; i < 100; ++i) {
+      (void)queue.push({i, 0, 0});
+      Notification n;
+      std::uint64_t lost = 0;
+      (void)queue.pop(n, lost);
+    }
+  }
+  REQUIRE(allocations.load() - before == 0);
+  REQUIRE(posts == 100 * (64 + 3));
 }

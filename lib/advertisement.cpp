@@ -23,6 +23,7 @@ constexpr std::string_view whitespace = " \t\n\v\f\r";
 // Size of efa's struct efa_ep_addr (GID, QPN, QKEY, pointer) in libfabric 1.17 through 2.x.
 constexpr std::size_t efa_address_length = 32;
 constexpr std::size_t quoted_limit = 64;
+constexpr std::size_t text_address_limit = 128;
 
 using Fields = std::array<std::string_view, field_count>;
 
@@ -165,6 +166,26 @@ std::error_code validate_sockaddr(std::span<const std::uint8_t> address) noexcep
   return make_error_code(errc::address_family);
 }
 
+// FI_ADDR_STR, as shm's names are: "<scheme>://<name>" and its NUL, printable, no further '/'.
+// shm hands the part after "://" to shm_open; the length limit is far above any name shm makes
+// (fi_shm://<pid>:<uid>:<index>, fi_ns://<port>) and far below what an advertisement can carry.
+std::error_code validate_text(std::span<const std::uint8_t> address) noexcept {
+  if (address.size() < 2 || address.size() > text_address_limit || address.back() != 0) {
+    return make_error_code(errc::address_length);
+  }
+  const std::string_view text(reinterpret_cast<const char*>(address.data()), address.size() - 1);
+  const auto separator = text.find("://");
+  if (separator == std::string_view::npos || separator == 0 || separator + 3 == text.size()) {
+    return make_error_code(errc::address_family);
+  }
+  const bool scheme_ok = std::all_of(text.begin(), text.begin() + separator, [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_';
+  });
+  const auto name = text.substr(separator + 3);
+  const bool name_ok = std::all_of(name.begin(), name.end(), [](char c) { return c > 0x20 && c < 0x7f && c != '/'; });
+  return scheme_ok && name_ok ? std::error_code{} : make_error_code(errc::address_family);
+}
+
 }  // namespace
 
 Advertisement Advertisement::parse(std::string_view text) {
@@ -259,6 +280,8 @@ std::error_code validate_address(std::span<const std::uint8_t> address, std::uin
     // efa's GID/QPN/QKEY carry no host semantics to check here; the peer table compares identity.
     case FI_ADDR_EFA:
       return address.size() == efa_address_length ? std::error_code{} : make_error_code(errc::address_length);
+    case FI_ADDR_STR:
+      return validate_text(address);
     default:
       return make_error_code(errc::address_format_unsupported);
   }

@@ -10,11 +10,23 @@ std::string_view to_string(Provider provider) noexcept {
       return "tcp";
     case Provider::efa_direct:
       return "efa-direct";
+    case Provider::shm:
+      return "shm";
   }
   return "unknown";
 }
 
-std::string_view provider_name(Provider provider) noexcept { return provider == Provider::efa_direct ? "efa" : "tcp"; }
+std::string_view provider_name(Provider provider) noexcept {
+  switch (provider) {
+    case Provider::efa_direct:
+      return "efa";
+    case Provider::shm:
+      return "shm";
+    case Provider::tcp:
+      break;
+  }
+  return "tcp";
+}
 
 std::optional<std::string_view> fabric_name(Provider provider) noexcept {
   if (provider == Provider::efa_direct) return "efa-direct";
@@ -35,7 +47,7 @@ std::string_view to_string(WaitMode mode) noexcept {
 
 template <>
 std::optional<Provider> from_string<Provider>(std::string_view text) noexcept {
-  for (const Provider provider : {Provider::tcp, Provider::efa_direct}) {
+  for (const Provider provider : {Provider::tcp, Provider::efa_direct, Provider::shm}) {
     if (text == to_string(provider)) return provider;
   }
   return std::nullopt;

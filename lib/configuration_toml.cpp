@@ -283,8 +283,10 @@ struct EnumCodec {
 };
 
 template <>
-struct Codec<Provider> : EnumCodec<Provider, 2> {
-  static Provider read(const Value& v) { return EnumCodec::read(v, {Provider::tcp, Provider::efa_direct}); }
+struct Codec<Provider> : EnumCodec<Provider, 3> {
+  static Provider read(const Value& v) {
+    return EnumCodec::read(v, {Provider::tcp, Provider::efa_direct, Provider::shm});
+  }
 };
 
 template <>

@@ -233,7 +233,7 @@ void Endpoint::open_cq(const Configuration& configuration, std::error_code& ec) 
   // Room for many peers' credits: a peer that stops answering holds its credits until their
   // deadline, and the others post meanwhile.
   attr.size = configuration.cq_size != 0 ? configuration.cq_size : std::max<std::size_t>(1024, 2 * wanted_credits);
-  attr.wait_obj = configuration.wait_mode == WaitMode::busy_poll ? FI_WAIT_NONE : FI_WAIT_FD;
+  attr.wait_obj = detail::progress_wait_mode(configuration) == WaitMode::busy_poll ? FI_WAIT_NONE : FI_WAIT_FD;
   int code = fi_cq_open(domain_.get(), &attr, cq_.out(), nullptr);
   if (code != 0 && attr.wait_obj == FI_WAIT_FD) {
     // shm and efa-with-shm refuse an fd; the service then polls on its executor.

@@ -8,10 +8,16 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <string>
 
 namespace dma::detail {
 namespace {
+
+// Neither a service nor a Target posts a receive: rxm's queue of posted receives (2048 entries, two
+// queues, all touched when the endpoint opens) only costs memory. The transmit queue stays the
+// provider's, since it bounds a service's credits.
+constexpr std::size_t rma_only_rx_size = 16;
 
 // Before 1.18, tcp offers RDM only through rxm; naming the layering keeps fi_getinfo from ever
 // resolving to `net`, whose wait fd stays readable while idle.
@@ -26,32 +32,75 @@ void set_hints(fi_info& hints, Provider provider) {
   hints.domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_VIRT_ADDR;
   // Every call for one endpoint runs on one strand, so the provider may skip its own locks.
   hints.domain_attr->threading = FI_THREAD_DOMAIN;
-  if (provider == Provider::efa_direct) {
-    hints.fabric_attr->prov_name = strdup("efa");
-    hints.fabric_attr->name = strdup("efa-direct");
-    hints.mode |= FI_CONTEXT2;
-  } else {
-    hints.fabric_attr->prov_name = strdup(tcp_provider_name());
+  switch (provider) {
+    case Provider::efa_direct:
+      hints.fabric_attr->prov_name = strdup("efa");
+      hints.fabric_attr->name = strdup("efa-direct");
+      hints.mode |= FI_CONTEXT2;
+      break;
+    case Provider::shm:
+      // shm's receive queue is the queue of incoming RMA commands: it keeps its size.
+      hints.fabric_attr->prov_name = strdup("shm");
+      break;
+    case Provider::tcp:
+      hints.fabric_attr->prov_name = strdup(tcp_provider_name());
+      hints.rx_attr->size = rma_only_rx_size;
+      break;
   }
+}
+
+struct ProcessState {
+  std::mutex mutex;
+  ProcessSettings settings;
+  bool applied = false;
+};
+
+ProcessState& process_state() {
+  static ProcessState state;
+  return state;
 }
 
 }  // namespace
 
-// rxm keeps a connection in its table after the peer tore it down until it happens to process
-// the shutdown event, so an entry removed and inserted again can still name the dead connection
-// and fail the next transfer with FI_ENOTCONN. With FI_AV_REMOVE_CLEANUP, fi_av_remove closes the
-// connection at once: removing a peer frees its socket, and a fresh entry reconnects. libfabric
-// reads the variable once, when it initialises; a value the user set is kept.
+// FI_AV_REMOVE_CLEANUP: rxm keeps a connection in its table after the peer tore it down until it
+// happens to process the shutdown event, so an entry removed and inserted again can still name the
+// dead connection and fail the next transfer with FI_ENOTCONN. With it, fi_av_remove closes the
+// connection at once: removing a peer frees its socket, and a fresh entry reconnects.
+//
+// The slim buffers: rxm over tcp preposts FI_OFI_RXM_MSG_RX_SIZE (4096 with its shared receive
+// context) buffers of FI_OFI_RXM_BUFFER_SIZE (16 KiB) when an endpoint opens, from a pool that it
+// grows 1024 buffers at a time and zeroes whole, and takes one buffer of the same size from its
+// transmit pool as the context of every RMA it posts. RMA data never passes through them, so small
+// buffers cost no transfer anything. rxm also sizes the tcp completion queue under it for
+// FI_UNIVERSE_SIZE peers with FI_OFI_RXM_MSG_TX_SIZE (128) posts each: 1024 peers make a ring of
+// 2^18 entries, 12 MiB, which becomes resident as completions cycle through it. The library posts
+// at most its in-flight limit (at most the provider's tx size, 2048) at once, far below the
+// 16,384 entries that 64 give. See docs/notes/performance.md, "Footprint".
+//
+// libfabric reads these once, when it initialises; a value the user set is kept.
 void prepare_environment() noexcept {
-  static const bool done = [] {
-    (void)::setenv("FI_AV_REMOVE_CLEANUP", "1", 0);
-    return true;
-  }();
-  (void)done;
+  ProcessState& state = process_state();
+  std::lock_guard lock(state.mutex);
+  if (state.applied) return;
+  state.applied = true;
+  (void)::setenv("FI_AV_REMOVE_CLEANUP", "1", 0);
+  if (state.settings.slim_buffers) {
+    (void)::setenv("FI_OFI_RXM_BUFFER_SIZE", "1024", 0);
+    (void)::setenv("FI_OFI_RXM_MSG_RX_SIZE", "128", 0);
+    (void)::setenv("FI_UNIVERSE_SIZE", "64", 0);
+  }
+}
+
+WaitMode progress_wait_mode(const Configuration& configuration) noexcept {
+  return configured_provider(configuration) == Provider::shm ? WaitMode::busy_poll : configuration.wait_mode;
+}
+
+Provider configured_provider(const Configuration& configuration) noexcept {
+  return configuration.providers.empty() ? Provider::tcp : configuration.providers.front();
 }
 
 InfoList query_info(const Configuration& configuration, std::error_code& ec, std::string& what) {
-  const Provider provider = configuration.providers.empty() ? Provider::tcp : configuration.providers.front();
+  const Provider provider = configured_provider(configuration);
   InfoList hints(fi_allocinfo());
   if (!hints) {
     ec = fabric_error(-FI_ENOMEM);
@@ -59,12 +108,15 @@ InfoList query_info(const Configuration& configuration, std::error_code& ec, std
     return {};
   }
   set_hints(*hints, provider);
-  const char* node = configuration.bind ? configuration.bind->c_str() : nullptr;
   if (configuration.bind && configuration.bind->find('\0') != std::string::npos) {
     ec = errc::invalid_configuration;
     what = "invalid source node";
     return {};
   }
+  // shm derives the endpoint's name from the node and service: with a node alone every process's
+  // first endpoint gets the same name, and the second one to open fails fi_enable with -FI_EBUSY.
+  const bool named_by_node = provider != Provider::shm;
+  const char* node = named_by_node && configuration.bind ? configuration.bind->c_str() : nullptr;
   const std::string port = configuration.port ? std::to_string(*configuration.port) : std::string();
   const char* service = configuration.port ? port.c_str() : nullptr;
   const bool source = node != nullptr || service != nullptr;
@@ -85,3 +137,21 @@ InfoList query_info(const Configuration& configuration, std::error_code& ec, std
 }
 
 }  // namespace dma::detail
+
+namespace dma {
+
+bool set_process_settings(const ProcessSettings& settings) noexcept {
+  auto& state = detail::process_state();
+  std::lock_guard lock(state.mutex);
+  if (state.applied) return false;
+  state.settings = settings;
+  return true;
+}
+
+ProcessSettings process_settings() noexcept {
+  auto& state = detail::process_state();
+  std::lock_guard lock(state.mutex);
+  return state.settings;
+}
+
+}  // namespace dma

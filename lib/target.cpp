@@ -1,6 +1,7 @@
 #include "dma/target.hpp"
 
 #include "dma/error.hpp"
+#include "hints.hpp"
 
 #include <asio/posix/stream_descriptor.hpp>
 #include <asio/post.hpp>
@@ -50,7 +51,7 @@ struct Target::State : std::enable_shared_from_this<State> {
   State(const executor_type& executor, const Configuration& configuration)
       : executor(executor),
         timer(executor),
-        wait_mode(configuration.wait_mode),
+        wait_mode(detail::progress_wait_mode(configuration)),
         spin_budget(configuration.spin_budget) {}
 
   void start() {

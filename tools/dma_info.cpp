@@ -204,8 +204,8 @@ int main(int argc, char** argv) {
   std::vector<std::string> providers;
   std::optional<std::string> bind;
   bool json = false;
-  app.add_option("--provider", providers, "only these providers (repeatable): tcp, efa-direct")
-      ->check(CLI::IsMember({"tcp", "efa-direct"}));
+  app.add_option("--provider", providers, "only these providers (repeatable): tcp, efa-direct, shm")
+      ->check(CLI::IsMember({"tcp", "efa-direct", "shm"}));
   app.add_option("--bind", bind, "source address for fi_getinfo (FI_SOURCE), e.g. 127.0.0.1");
   app.add_flag("--json", json, "print JSON instead of text");
   try {
@@ -215,11 +215,11 @@ int main(int argc, char** argv) {
     return code == 0 ? 0 : 2;
   }
 
-  if (providers.empty()) providers = {"tcp", "efa-direct"};
+  if (providers.empty()) providers = {"tcp", "efa-direct", "shm"};
   std::vector<Entry> entries;
   std::vector<std::string> tried;
   for (const auto& name : providers) {
-    const auto provider = name == "efa-direct" ? dma::Provider::efa_direct : dma::Provider::tcp;
+    const auto provider = dma::from_string<dma::Provider>(name).value_or(dma::Provider::tcp);
     auto found = discover(provider, bind, tried);
     entries.insert(entries.end(), found.begin(), found.end());
   }

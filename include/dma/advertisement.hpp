@@ -60,7 +60,9 @@ std::optional<std::uint64_t> parse_u64(std::string_view text) noexcept;
 
 /// Checks a peer address against an endpoint's libfabric address format (fi_info::addr_format):
 /// exact length, family, no port 0, no unspecified, multicast or broadcast address. FI_ADDR_EFA
-/// addresses must be 32 bytes. Returns the first problem found, or an empty error_code.
+/// addresses must be 32 bytes. FI_ADDR_STR addresses (shm's names) must be "<scheme>://<name>"
+/// with its terminating NUL, at most 128 bytes, printable, with no '/' in the name (address_length
+/// or address_family). Returns the first problem found, or an empty error_code.
 std::error_code validate_address(std::span<const std::uint8_t> address, std::uint32_t addr_format) noexcept;
 
 }  // namespace dma

@@ -21,6 +21,8 @@ namespace dma {
 enum class Provider {
   tcp,         ///< software RMA over sockets (tcp;ofi_rxm before libfabric 1.18); no RDMA hardware
   efa_direct,  ///< AWS EFA, pinned to the device-RMA `efa-direct` fabric
+  shm,         ///< peers on the same host, through shared memory and cross-memory attach; its completion
+               ///< queue has no wait fd, so services and targets on it always busy-poll
 };
 
 /// How the service (and a Target) waits for completions while transfers are outstanding.
@@ -30,7 +32,7 @@ enum class WaitMode {
   busy_poll,  ///< never arm the fd: poll on the executor while work is outstanding (lowest latency)
 };
 
-/// The provider's name in configuration files and on command lines: "tcp" or "efa-direct".
+/// The provider's name in configuration files and on command lines: "tcp", "efa-direct" or "shm".
 std::string_view to_string(Provider provider) noexcept;
 /// The wait mode's name in configuration files and on command lines: "fd", "adaptive" or
 /// "busy-poll".
@@ -44,14 +46,14 @@ inline constexpr std::chrono::nanoseconds no_deadline = std::chrono::nanoseconds
 /// WaitMode; the result is empty for any other text.
 template <typename Enum>
 std::optional<Enum> from_string(std::string_view text) noexcept = delete;
-/// "tcp" or "efa-direct".
+/// "tcp", "efa-direct" or "shm".
 template <>
 std::optional<Provider> from_string<Provider>(std::string_view text) noexcept;
 /// "fd", "adaptive" or "busy-poll".
 template <>
 std::optional<WaitMode> from_string<WaitMode>(std::string_view text) noexcept;
 
-/// The value for fi_fabric_attr::prov_name: "tcp" or "efa".
+/// The value for fi_fabric_attr::prov_name: "tcp", "efa" or "shm".
 std::string_view provider_name(Provider provider) noexcept;
 /// The value for fi_fabric_attr::name: "efa-direct" for efa_direct, none otherwise.
 std::optional<std::string_view> fabric_name(Provider provider) noexcept;
@@ -71,10 +73,12 @@ struct Configuration {
   /// service per domain.
   std::vector<std::string> interfaces;
   /// Source node for fi_getinfo with FI_SOURCE, e.g. "127.0.0.1": the address a tcp endpoint
-  /// listens on. Leave it unset for efa-direct.
+  /// listens on. Leave it unset for efa-direct. shm ignores it: its addresses are names in
+  /// /dev/shm, and a node would give every process's first endpoint the same one.
   std::optional<std::string> bind;
   /// tcp: the port to listen on at `bind` (a Target that peers must find again after a restart);
-  /// none lets the system choose a free one.
+  /// none lets the system choose a free one. shm: a fixed name for the endpoint (one endpoint per
+  /// port and host, like a tcp port); none names it after the process and a counter.
   std::optional<std::uint16_t> port;
   /// Transfers posted at once to one peer; none means 64. Clamped to the provider's tx size and
   /// the CQ size. All peers together post at most min(tx size, CQ size) at once, so a peer that
@@ -184,6 +188,30 @@ class ConfigurationError : public std::system_error {
   std::string key_;
   std::string what_;
 };
+
+/// What libfabric reads once per process, from the environment, when the process opens its first
+/// endpoint: it applies to every endpoint of the process, the library's and any other. Set it with
+/// set_process_settings() before the first FabricService or Target opens. A variable the user has
+/// already set in the environment is never overridden.
+struct ProcessSettings {
+  /// Size the tcp provider's (rxm's) pools for one-sided RMA: FI_OFI_RXM_BUFFER_SIZE=1024 and
+  /// FI_OFI_RXM_MSG_RX_SIZE=128 instead of rxm's 16 KiB buffers and 4096 shared receive buffers
+  /// (about 68 MB per endpoint, all touched when it opens, never used by RMA), and
+  /// FI_UNIVERSE_SIZE=64, which sizes the completion ring under rxm (12 MiB per endpoint for
+  /// libfabric's default of 1024, touched as a busy endpoint cycles through it). With it a Target
+  /// costs about 2 MB. Turn it off only when other code in the process uses libfabric messaging
+  /// and wants these defaults (docs/configuration.md).
+  bool slim_buffers = true;
+
+  /// Field by field equality.
+  friend bool operator==(const ProcessSettings&, const ProcessSettings&) = default;
+};
+
+/// Replaces the process settings. Returns false, and changes nothing, once the library has opened
+/// an endpoint (or listed domains): libfabric has read its environment by then.
+[[nodiscard]] bool set_process_settings(const ProcessSettings& settings) noexcept;
+/// The settings in force, or to be applied when the first endpoint opens.
+ProcessSettings process_settings() noexcept;
 
 /// The in-flight cap the seed computes: max(1, max_in_flight or 64), clamped to a non-zero tx size.
 std::size_t requested_in_flight(const Configuration& configuration, std::size_t provider_tx_size) noexcept;

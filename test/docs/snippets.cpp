@@ -37,6 +37,12 @@ void parse(const std::string& text) {
   }
 }
 
+void process_settings() {
+  if (!dma::set_process_settings(dma::ProcessSettings{.slim_buffers = false})) {
+    // too late: an endpoint is already open, and the settings in force stay
+  }
+}
+
 void configuration_from_file() {
   auto configuration = dma::Configuration::from_toml("config/tcp.toml");  // throws dma::ConfigurationError
 }

@@ -496,11 +496,44 @@ TEST_CASE("an FI_SOCKADDR address of another family is rejected as address_famil
   CHECK(validate(Bytes(16, 0), FI_SOCKADDR) == errc::address_family);
 }
 
-TEST_CASE("an address format other than sockaddr and efa is rejected as address_format_unsupported",
+namespace {
+Bytes text(std::string_view name, bool terminated = true) {
+  Bytes bytes(name.begin(), name.end());
+  if (terminated) bytes.push_back(0);
+  return bytes;
+}
+}  // namespace
+
+TEST_CASE("an shm name is accepted as an FI_ADDR_STR address", "[advertisement]") {
+  CHECK_FALSE(validate(text("fi_shm://4242:0:0"), FI_ADDR_STR));
+  CHECK_FALSE(validate(text("fi_ns://9228"), FI_ADDR_STR));
+}
+
+TEST_CASE("an FI_ADDR_STR address without its NUL, empty or too long is rejected as address_length",
+          "[advertisement]") {
+  CHECK(validate(text("fi_shm://4242:0:0", false), FI_ADDR_STR) == errc::address_length);
+  CHECK(validate({}, FI_ADDR_STR) == errc::address_length);
+  CHECK(validate(text("fi_shm://" + std::string(120, 'a')), FI_ADDR_STR) == errc::address_length);
+}
+
+TEST_CASE("an FI_ADDR_STR address that is not scheme://name, or names a path, is rejected as address_family",
+          "[advertisement]") {
+  CHECK(validate(text("4242:0:0"), FI_ADDR_STR) == errc::address_family);
+  CHECK(validate(text("fi_shm://"), FI_ADDR_STR) == errc::address_family);
+  CHECK(validate(text("://4242"), FI_ADDR_STR) == errc::address_family);
+  CHECK(validate(text("fi_shm://../../etc/passwd"), FI_ADDR_STR) == errc::address_family);
+  CHECK(validate(text("fi_shm://a b"), FI_ADDR_STR) == errc::address_family);
+  CHECK(validate(text("FI_SHM://4242"), FI_ADDR_STR) == errc::address_family);
+  Bytes inner_nul = text("fi_shm://42");
+  inner_nul[10] = 0;
+  CHECK(validate(inner_nul, FI_ADDR_STR) == errc::address_family);
+}
+
+TEST_CASE("an address format other than sockaddr, efa and text is rejected as address_format_unsupported",
           "[advertisement]") {
   const Bytes address = ipv4("127.0.0.1", 4242);
-  for (const std::uint32_t format : {std::uint32_t{FI_FORMAT_UNSPEC}, std::uint32_t{FI_SOCKADDR_IB},
-                                     std::uint32_t{FI_ADDR_PSMX}, std::uint32_t{FI_ADDR_STR}, 0xffffU}) {
+  for (const std::uint32_t format :
+       {std::uint32_t{FI_FORMAT_UNSPEC}, std::uint32_t{FI_SOCKADDR_IB}, std::uint32_t{FI_ADDR_PSMX}, 0xffffU}) {
     CAPTURE(format);
     CHECK(validate(address, format) == errc::address_format_unsupported);
   }

@@ -33,6 +33,9 @@ TEST_CASE("providers have the seed's names", "[configuration]") {
   CHECK(dma::provider_name(dma::Provider::efa_direct) == "efa");
   CHECK(dma::fabric_name(dma::Provider::efa_direct) == "efa-direct");
   CHECK_FALSE(dma::fabric_name(dma::Provider::tcp));
+  CHECK(dma::to_string(dma::Provider::shm) == "shm");
+  CHECK(dma::provider_name(dma::Provider::shm) == "shm");
+  CHECK_FALSE(dma::fabric_name(dma::Provider::shm));
 }
 
 TEST_CASE("CRC-32C matches the known check values", "[checksum]") {

@@ -98,7 +98,7 @@ TEST_CASE("enum values use the spelling to_string prints, and nothing else", "[c
 }
 
 TEST_CASE("from_string parses exactly what to_string prints", "[configuration]") {
-  for (const auto provider : {dma::Provider::tcp, dma::Provider::efa_direct}) {
+  for (const auto provider : {dma::Provider::tcp, dma::Provider::efa_direct, dma::Provider::shm}) {
     CHECK(dma::from_string<dma::Provider>(dma::to_string(provider)) == provider);
   }
   for (const auto mode : {dma::WaitMode::fd, dma::WaitMode::adaptive, dma::WaitMode::busy_poll}) {

@@ -1,0 +1,93 @@
+// Resident memory of Targets and an idle service, measured in this process. Bounds are loose
+// (memory is not timing): they catch provider pools sized for messaging, ~70 MB per endpoint.
+#include "../catch.hpp"
+
+#include "../../tools/common/resident_memory.hpp"
+
+#include <dma/dma.hpp>
+
+#include <asio/io_context.hpp>
+
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace {
+
+constexpr std::size_t mib = std::size_t{1} << 20;
+
+// Read before any test opens an endpoint: whether the user's environment already sizes rxm.
+const bool user_sized_rxm = std::getenv("FI_OFI_RXM_BUFFER_SIZE") != nullptr;
+
+dma::Configuration loopback() {
+  dma::Configuration configuration;
+  configuration.bind = "127.0.0.1";
+  return configuration;
+}
+
+struct Context {
+  std::span<const std::byte> source() const { return {}; }
+  std::span<std::byte> allocate(std::size_t) { return {}; }
+};
+
+/// Resident bytes that opening `count` Targets with a 4 KiB region each adds to this process.
+std::size_t targets_cost(std::size_t count) {
+  asio::io_context io;
+  std::vector<std::unique_ptr<dma::Target>> targets;
+  std::vector<std::vector<std::byte>> memory(count, std::vector<std::byte>(4096));
+  std::vector<dma::Target::Region> regions;
+  const std::size_t before = dma::tools::trimmed_resident_bytes();
+  for (std::size_t i = 0; i < count; ++i) {
+    targets.push_back(std::make_unique<dma::Target>(io, loopback()));
+    regions.push_back(targets.back()->expose(memory[i]));
+  }
+  const std::size_t after = dma::tools::trimmed_resident_bytes();
+  return after > before ? after - before : 0;
+}
+
+}  // namespace
+
+// First in this file, so that the service also pays for libfabric's initialisation.
+TEST_CASE("an idle service takes at most 8 MB beyond the process's baseline", "[footprint]") {
+  const std::size_t before = dma::tools::trimmed_resident_bytes();
+  asio::io_context io;
+  dma::asynchronous::FabricService<Context> service(io, loopback());
+  const std::size_t after = dma::tools::trimmed_resident_bytes();
+  INFO("the service added " << (after - before) / 1024 << " KiB");
+  CHECK(after - before <= 8 * mib);
+}
+
+TEST_CASE("five Targets with 4 KiB regions take at most 60 MB resident", "[footprint]") {
+  const std::size_t cost = targets_cost(5);
+  INFO("five Targets added " << cost / 1024 << " KiB");
+  CHECK(cost <= 60 * mib);
+}
+
+TEST_CASE("the process settings cannot change once an endpoint has opened", "[footprint]") {
+  (void)targets_cost(1);
+  CHECK(dma::process_settings().slim_buffers);
+  CHECK_FALSE(dma::set_process_settings(dma::ProcessSettings{.slim_buffers = false}));
+  CHECK(dma::process_settings().slim_buffers);
+  if (!user_sized_rxm) CHECK(std::string(std::getenv("FI_OFI_RXM_BUFFER_SIZE")) == "1024");
+}
+
+// Run with FI_OFI_RXM_BUFFER_SIZE=2048 in the environment (meson: footprint-user-env).
+TEST_CASE("a value the user set in the environment is kept", "[.user-env]") {
+  REQUIRE(std::getenv("FI_OFI_RXM_BUFFER_SIZE") != nullptr);
+  const std::string users = std::getenv("FI_OFI_RXM_BUFFER_SIZE");
+  (void)targets_cost(1);
+  CHECK(std::string(std::getenv("FI_OFI_RXM_BUFFER_SIZE")) == users);
+  CHECK(std::string(std::getenv("FI_OFI_RXM_MSG_RX_SIZE")) == "128");
+}
+
+// In a process of its own (meson: footprint-slim-off): the setting is read at the first open.
+TEST_CASE("with the slim buffers turned off, rxm's own pool sizes apply", "[.slim-off]") {
+  REQUIRE(dma::set_process_settings(dma::ProcessSettings{.slim_buffers = false}));
+  if (user_sized_rxm) return;  // the user's environment decides, not the setting
+  const std::size_t cost = targets_cost(1);
+  INFO("one Target added " << cost / 1024 << " KiB");
+  CHECK(std::getenv("FI_OFI_RXM_BUFFER_SIZE") == nullptr);
+  CHECK(std::getenv("FI_OFI_RXM_MSG_RX_SIZE") == nullptr);
+  CHECK(cost > 20 * mib);  // the slim buffers are what makes the difference
+}

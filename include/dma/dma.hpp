@@ -11,6 +11,7 @@
 #include <dma/endpoint.hpp>
 #include <dma/error.hpp>
 #include <dma/fabric_service.hpp>
+#include <dma/log.hpp>
 #include <dma/memory_region.hpp>
 #include <dma/peer_address.hpp>
 #include <dma/pool.hpp>

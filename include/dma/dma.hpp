@@ -13,6 +13,7 @@
 #include <dma/fabric_service.hpp>
 #include <dma/log.hpp>
 #include <dma/memory_region.hpp>
+#include <dma/metrics.hpp>
 #include <dma/peer_address.hpp>
 #include <dma/pool.hpp>
 #include <dma/target.hpp>

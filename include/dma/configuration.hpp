@@ -129,10 +129,11 @@ struct Configuration {
 
   /// Receives this service's (or target's) log messages in place of the process-wide handler of
   /// set_log_handler(), which then hears nothing from it; empty (the default) means the
-  /// process-wide one. It is called on the threads that run the service's executor, one message
-  /// at a time per service (a handler shared by several services may be called concurrently),
-  /// until the service's last transfer has completed, which may be after the service object is
-  /// gone. Not read from TOML files, nor written by to_toml(): set it in code.
+  /// process-wide one. It is called on the thread that opens the service (the endpoint's
+  /// opening), then on the threads that run the service's executor, one message at a time per
+  /// service (a handler shared by several services may be called concurrently), until the
+  /// service's last transfer has completed, which may be after the service object is gone. Not
+  /// read from TOML files, nor written by to_toml(): set it in code.
   LogHandler log_handler;
 
   /// Loads the configuration from `section` of the TOML file at `path`. A key that is absent

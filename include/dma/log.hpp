@@ -80,11 +80,11 @@ LogHandler log_to_stderr(LogLevel threshold = LogLevel::info);
 ///
 /// Thread safety: it may be called from any thread at any time, also while services log. The
 /// handler it installs may be called from several threads at once (each service and target logs
-/// from the threads that run its executor), so it must be safe for that. When set_log_handler()
-/// returns, no thread is still inside a call of the handler it replaced, and none will enter
-/// one; the replaced handler can then be destroyed along with what it refers to. Called from
-/// inside a handler, it returns at once instead (the calling handler's own call is still running;
-/// other threads may be finishing theirs).
+/// from the thread that opens it and then from the threads that run its executor), so it must be
+/// safe for that. When set_log_handler() returns, no thread is still inside a call of the handler
+/// it replaced, and none will enter one; the replaced handler can then be destroyed along with
+/// what it refers to. Called from inside a handler, it returns at once instead (the calling
+/// handler's own call is still running; other threads may be finishing theirs).
 LogHandler set_log_handler(LogHandler handler);
 
 }  // namespace dma

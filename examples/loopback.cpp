@@ -1,6 +1,6 @@
 // The main demo: a Target and an asynchronous FabricService in one process over tcp on 127.0.0.1.
 // Writes at least 1 GiB into the target and reads at least 1 GiB back, verifying every byte.
-//   loopback [<bind>] [<mebibytes-each-way>]      (--help, --version)
+//   loopback [--config FILE] [<bind>] [<mebibytes-each-way>]      (--help, --version)
 #include <dma/dma.hpp>
 #include <dma/version.hpp>
 
@@ -78,7 +78,11 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", "loopback (dma-libfabric) " + std::string(dma::version()));
   std::string bind = "127.0.0.1";
   std::size_t mebibytes = 1024;
-  app.add_option("bind", bind, "the address both sides bind to")->capture_default_str();
+  std::string config;
+  app.add_option("--config", config,
+                 "TOML file whose [dma-libfabric] table configures both sides; <bind> overrides its bind");
+  app.add_option("bind", bind, "the address both sides bind to (default: the file's, else 127.0.0.1)")
+      ->capture_default_str();
   app.add_option("mebibytes", mebibytes, "MiB to move each way (rounded up to whole 64 MiB rounds)")
       ->check(CLI::Range(std::size_t{1}, std::size_t{1} << 20))
       ->capture_default_str();
@@ -90,7 +94,15 @@ int main(int argc, char** argv) {
   const std::size_t rounds = (mebibytes * chunk + region_size - 1) / region_size;
 
   dma::Configuration configuration;
-  configuration.bind = bind;
+  if (!config.empty()) {
+    try {
+      configuration = dma::Configuration::from_toml(config);
+    } catch (const dma::ConfigurationError& error) {
+      std::fprintf(stderr, "loopback: --config: %s\n", error.what());
+      return 2;
+    }
+  }
+  if (app.count("bind") != 0 || !configuration.bind) configuration.bind = bind;
 
   try {
     // The target runs on its own thread, as a separate peer would.

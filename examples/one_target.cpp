@@ -32,17 +32,14 @@ int main(int argc, char** argv) {
                               "serve 4096 bytes of 0xab for a remote read instead of waiting for a write");
   command_line.app().footer(
       "tcp:        one_target [--read] <bind> [<initiator-address-hex>]\n"
-      "efa-direct: one_target [--read] --efa [<initiator-address-hex>]");
+      "efa-direct: one_target [--read] --efa [<initiator-address-hex>]\n"
+      "With --config FILE whose table sets bind, <bind> may be left out when no address follows.");
   if (const auto exit = command_line.parse(argc, argv)) return *exit;
   return examples::run_main([&] {
-    dma::Configuration configuration;
+    dma::Configuration configuration = command_line.configuration();  // --config, --efa
     const auto& positionals = command_line.positionals();
     std::size_t next = 0;
-    if (command_line.efa()) {
-      configuration.providers = {dma::Provider::efa_direct};
-    } else if (next < positionals.size()) {
-      configuration.bind = positionals[next++];
-    }
+    if (!command_line.uses_efa() && next < positionals.size()) configuration.bind = positionals[next++];
 
     // One thread runs the target's progress and checks the buffer, so the check never races the
     // provider writing into it.

@@ -1,7 +1,9 @@
 #include "dma/endpoint.hpp"
 
+#include "dma/advertisement.hpp"
 #include "dma/error.hpp"
 #include "hints.hpp"
+#include "log.hpp"
 
 #include <rdma/fi_cm.h>
 #include <rdma/fi_eq.h>
@@ -116,6 +118,22 @@ void Endpoint::open(const Configuration& configuration) {
 void Endpoint::open(const Configuration& configuration, std::error_code& ec) {
   close();
   failed_step_.clear();
+  log_handler_ = configuration.log_handler;
+  open_chosen(configuration, ec);
+  const detail::Log log(log_handler_);
+  if (ec) {
+    log(LogLevel::debug, [&] { return "endpoint not opened: " + failed_step_ + ": " + ec.message(); });
+    return;
+  }
+  log(LogLevel::info, [&] {
+    return "endpoint opened: provider " + info_.provider + ", fabric " + info_.fabric + ", domain " + info_.domain +
+           ", address " + encode_hex(local_address_) + ", credits " + std::to_string(info_.credits) +
+           ", in-flight limit " + std::to_string(info_.in_flight_limit) + ", cq_size " + std::to_string(info_.cq_size) +
+           (info_.wait_fd ? ", wait fd" : ", no wait fd");
+  });
+}
+
+void Endpoint::open_chosen(const Configuration& configuration, std::error_code& ec) {
   auto list = detail::query_info(configuration, ec, failed_step_);
   if (ec) return;
   const fi_info* chosen = list.get();
@@ -201,10 +219,12 @@ Endpoint::Retired Endpoint::replace_endpoint(std::error_code& ec) {
     wait_fd_ = old_fd;
     local_address_ = old_address;
   };
+  const detail::Log log(log_handler_);
   if (int code = fi_cq_open(domain_.get(), &cq_attr_, cq_.out(), nullptr); code != 0) {
     ec = fabric_error(code);
     failed_step_ = "fi_cq_open";
     restore();
+    log(LogLevel::warning, [&] { return "endpoint not replaced: fi_cq_open: " + ec.message(); });
     return {};
   }
   read_wait_fd();
@@ -214,8 +234,11 @@ Endpoint::Retired Endpoint::replace_endpoint(std::error_code& ec) {
     endpoint_.reset();
     cq_.reset();
     restore();
+    log(LogLevel::warning, [&] { return "endpoint not replaced: " + failed_step_ + ": " + ec.message(); });
     return {};
   }
+  log(LogLevel::info,
+      [&] { return "endpoint replaced: address " + encode_hex(old_address) + " -> " + encode_hex(local_address_); });
   return old;
 }
 
@@ -283,7 +306,18 @@ fi_addr_t Endpoint::insert_address(std::span<const std::uint8_t> address, std::e
   return handle;
 }
 
-int Endpoint::remove_address(fi_addr_t handle) noexcept { return fi_av_remove(av_.get(), &handle, 1, 0); }
+int Endpoint::remove_address(fi_addr_t handle) noexcept {
+  const int code = fi_av_remove(av_.get(), &handle, 1, 0);
+  if (code != 0) {
+    const detail::Log log(log_handler_);
+    log(LogLevel::warning, [&] {
+      return "fi_av_remove failed: " + std::string(fi_strerror(code < 0 ? -code : code)) + " (" + std::to_string(code) +
+             ") for address-vector entry " + std::to_string(handle) +
+             "; the entry stays until the address vector closes";
+    });
+  }
+  return code;
+}
 
 detail::Fid<fid_mr> Endpoint::register_memory(const void* base, std::size_t length, std::uint64_t access,
                                               std::uint64_t requested_key, std::error_code& ec) noexcept {

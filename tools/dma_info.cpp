@@ -1,8 +1,9 @@
 // dma-info: what dma-libfabric can open on this machine. For each provider the library supports
 // (or the one named by --provider) it asks libfabric with the library's own hints, opens each
 // fabric and domain found, and reports their attributes in libfabric's names (fi_tostr_r), as a
-// table or --json. Exit 0: something usable was found; 2: nothing (the message says what was tried)
-// or a bad option.
+// table or --json. With --config it asks what that configuration would open: the file's provider,
+// bind address and interfaces, unless --provider or --bind say otherwise. Exit 0: something usable
+// was found; 2: nothing (the message says what was tried) or a bad option or configuration file.
 #include "hints.hpp"
 
 #include <dma/dma.hpp>
@@ -105,9 +106,9 @@ std::optional<Entry> probe(fi_info& info, std::string& why) {
 }
 
 /// Every usable entry of one provider; `tried` gets one line saying what was asked and found.
-std::vector<Entry> discover(dma::Provider provider, const std::optional<std::string>& bind,
-                            std::vector<std::string>& tried) {
-  dma::Configuration configuration;
+std::vector<Entry> discover(const dma::Configuration& base, dma::Provider provider,
+                            const std::optional<std::string>& bind, std::vector<std::string>& tried) {
+  dma::Configuration configuration = base;
   configuration.providers = {provider};
   configuration.bind = bind;
   std::error_code ec;
@@ -204,6 +205,10 @@ int main(int argc, char** argv) {
   std::vector<std::string> providers;
   std::optional<std::string> bind;
   bool json = false;
+  std::string config;
+  app.add_option("--config", config,
+                 "TOML file whose [dma-libfabric] table to ask about: its provider, bind and interfaces (--provider "
+                 "and --bind override them)");
   app.add_option("--provider", providers, "only these providers (repeatable): tcp, efa-direct, shm")
       ->check(CLI::IsMember({"tcp", "efa-direct", "shm"}));
   app.add_option("--bind", bind, "source address for fi_getinfo (FI_SOURCE), e.g. 127.0.0.1");
@@ -215,12 +220,26 @@ int main(int argc, char** argv) {
     return code == 0 ? 0 : 2;
   }
 
+  dma::Configuration base;
+  if (!config.empty()) {
+    std::error_code ec;
+    std::string message;
+    base = dma::Configuration::from_toml(config, dma::Configuration::default_section, ec, message);
+    if (ec) {
+      std::fprintf(stderr, "--config: %s\nRun with --help for more information.\n", message.c_str());
+      return 2;
+    }
+    if (providers.empty()) {
+      providers = {std::string(dma::to_string(base.providers.empty() ? dma::Provider::tcp : base.providers.front()))};
+    }
+    if (!bind) bind = base.bind;
+  }
   if (providers.empty()) providers = {"tcp", "efa-direct", "shm"};
   std::vector<Entry> entries;
   std::vector<std::string> tried;
   for (const auto& name : providers) {
     const auto provider = dma::from_string<dma::Provider>(name).value_or(dma::Provider::tcp);
-    auto found = discover(provider, bind, tried);
+    auto found = discover(base, provider, bind, tried);
     entries.insert(entries.end(), found.begin(), found.end());
   }
   if (entries.empty()) {

@@ -153,15 +153,19 @@ struct Common {
   std::string host = "127.0.0.1";
   std::uint16_t port = 6380;
   bool efa = false;
+  bool host_given = false;  // --host on the command line: it overrides the file's bind
+  dma::Configuration file;  // --config's [dma-libfabric] table, or the defaults
 };
 
+// The file's configuration with the command line's overrides: --efa, and --host as the bind address
+// unless the file sets one and --host was not given.
 dma::Configuration fabric_configuration(const Common& common) {
-  dma::Configuration configuration;
+  dma::Configuration configuration = common.file;
   if (common.efa) {
     configuration.providers = {dma::Provider::efa_direct};
-  } else {
-    configuration.providers = {dma::Provider::tcp};
-    configuration.bind = common.host;
+    configuration.bind.reset();
+  } else if (configuration.providers.empty() || configuration.providers.front() == dma::Provider::tcp) {
+    if (common.host_given || !configuration.bind) configuration.bind = common.host;
   }
   return configuration;
 }
@@ -719,6 +723,9 @@ int main(int argc, char** argv) {
   app.add_option("--host", common.host, "the server's address (RESP and fabric)")->capture_default_str();
   app.add_option("--port", common.port, "the server's RESP port")->capture_default_str();
   app.add_flag("--efa", common.efa, "use efa-direct instead of tcp");
+  std::string config;
+  app.add_option("--config", config,
+                 "TOML file whose [dma-libfabric] table configures the client's target; --efa and --host override it");
   app.require_subcommand(1);
 
   std::string key;
@@ -756,6 +763,15 @@ int main(int argc, char** argv) {
   bench_command->add_option("--seed", bench.seed, "random seed")->capture_default_str();
   bench_command->add_flag("--json", bench.json, "print JSON instead of a table");
   CLI11_PARSE(app, argc, argv);
+  common.host_given = app.count("--host") != 0;
+  if (!config.empty()) {
+    try {
+      common.file = dma::Configuration::from_toml(config);
+    } catch (const dma::ConfigurationError& error) {
+      std::fprintf(stderr, "dma-kv-client: --config: %s\n", error.what());
+      return 2;
+    }
+  }
 
   try {
     if (set->parsed()) {

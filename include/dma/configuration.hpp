@@ -3,6 +3,8 @@
 /// how to load it from the `[dma-libfabric]` section of a TOML file.
 #pragma once
 
+#include <dma/log.hpp>
+
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -129,6 +131,15 @@ struct Configuration {
   /// Most bytes of CacheableSpan registrations the cache keeps per domain. 0 means unbounded.
   std::size_t registration_cache_bytes = std::size_t{16} << 30;
 
+  /// Receives this service's (or target's) log messages in place of the process-wide handler of
+  /// set_log_handler(), which then hears nothing from it; empty (the default) means the
+  /// process-wide one. It is called on the thread that opens the service (the endpoint's
+  /// opening), then on the threads that run the service's executor, one message at a time per
+  /// service (a handler shared by several services may be called concurrently), until the
+  /// service's last transfer has completed, which may be after the service object is gone. Not
+  /// read from TOML files, nor written by to_toml(): set it in code.
+  LogHandler log_handler;
+
   /// Loads the configuration from `section` of the TOML file at `path`. A key that is absent
   /// keeps its default; an unknown key, a value of the wrong type or out of range, or a file that
   /// is not TOML is refused. `section` names a top-level table, or nested tables joined by dots
@@ -149,13 +160,13 @@ struct Configuration {
 
   /// The configuration as a TOML table named `section` (empty: bare keys), every key written,
   /// absent optionals as comments. from_toml_string() of the result gives back an equal
-  /// configuration.
+  /// configuration, log_handler aside (no file holds one).
   std::string to_toml(std::string_view section = default_section) const;
 
   /// Every key from_toml() accepts, in the order to_toml() writes them.
   static std::span<const std::string_view> toml_keys() noexcept;
 
-  /// Field by field equality.
+  /// Field by field equality; log handlers are equal when one is a copy of the other.
   friend bool operator==(const Configuration&, const Configuration&) = default;
 };
 

@@ -11,7 +11,9 @@
 #include <dma/endpoint.hpp>
 #include <dma/error.hpp>
 #include <dma/fabric_service.hpp>
+#include <dma/log.hpp>
 #include <dma/memory_region.hpp>
+#include <dma/metrics.hpp>
 #include <dma/peer_address.hpp>
 #include <dma/pool.hpp>
 #include <dma/target.hpp>

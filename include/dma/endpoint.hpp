@@ -5,6 +5,7 @@
 
 #include <dma/configuration.hpp>
 #include <dma/detail/fid.hpp>
+#include <dma/log.hpp>
 
 #include <rdma/fabric.h>
 #include <rdma/fi_domain.h>
@@ -111,7 +112,7 @@ class Endpoint {
 
   /// fi_av_insert of one address.
   fi_addr_t insert_address(std::span<const std::uint8_t> address, std::error_code& ec) noexcept;
-  /// fi_av_remove of one handle; returns libfabric's code.
+  /// fi_av_remove of one handle; returns libfabric's code, and logs a failure (warning).
   int remove_address(fi_addr_t handle) noexcept;
   /// fi_mr_reg over [base, base + length) with the given access bits and requested key.
   detail::Fid<fid_mr> register_memory(const void* base, std::size_t length, std::uint64_t access,
@@ -135,6 +136,7 @@ class Endpoint {
   struct InfoDeleter {
     void operator()(fi_info* info) const noexcept;
   };
+  void open_chosen(const Configuration& configuration, std::error_code& ec);
   void open_objects(const Configuration& configuration, std::error_code& ec);
   void open_cq(const Configuration& configuration, std::error_code& ec);
   detail::Fid<fid_ep> open_endpoint(std::error_code& ec);
@@ -152,6 +154,7 @@ class Endpoint {
   int wait_fd_ = -1;
   fi_cq_attr cq_attr_{};
   std::string failed_step_;
+  LogHandler log_handler_;  ///< the configuration's, for the opens and replacements it logs
 };
 
 }  // namespace dma

@@ -1,4 +1,10 @@
-// Errors: libfabric codes in their own category, the library's own conditions in another.
+/// @file
+/// Errors: the library's own codes (errc, category "dma"), libfabric's codes (fabric_category(),
+/// "libfabric"), and the broad conditions both compare equal to (condition, "dma.condition").
+///
+/// Every failure a completion or a setup call reports is a std::error_code of one of the first
+/// two categories. Branch on a condition, or on std::errc, rather than on the exact code:
+/// `if (outcome.error() == dma::condition::peer_unreachable)`, `if (ec == std::errc::timed_out)`.
 #pragma once
 
 #include <string>
@@ -6,7 +12,10 @@
 
 namespace dma {
 
-/// Errors the library itself reports (libfabric's codes use fabric_category()).
+/// Errors the library itself reports, in category(); libfabric's own codes use fabric_category().
+/// Each one's message() says what failed in a sentence. Every errc converts implicitly to a
+/// std::error_code (`ec == dma::errc::shutdown`), and those that belong to a condition compare equal
+/// to it (listed with each condition).
 enum class errc {
   // Advertisement parsing and validation (untrusted input).
   advertisement_arity = 1,     ///< not exactly three fields
@@ -46,32 +55,61 @@ enum class errc {
   remote_access_denied,  ///< the peer refused the access: wrong key, range outside its region, access rights
 };
 
-/// Broad classes a caller can branch on: `if (ec == dma::condition::peer_unreachable)`.
+/// Broad classes a caller can branch on: `if (ec == dma::condition::peer_unreachable)`. Codes of
+/// both categories compare equal to the condition they belong to; a code belongs to at most one.
 enum class condition {
-  invalid_advertisement = 1,  ///< any advertisement parse or validation failure
-  peer_unreachable,           ///< the peer is gone, refused, or never made progress
-  invalid_operand,            ///< the caller's context did not supply a usable operand
-  cancelled,                  ///< the library cancelled it (shutdown, removal)
-  connection_lost,            ///< the connection broke under the transfer; it may or may not have landed
-  remote_access_denied,       ///< the peer refused the access (bad key, range or rights)
+  /// Any advertisement parse or validation failure: errc::advertisement_* and errc::address_*.
+  invalid_advertisement = 1,
+  /// The peer is gone, refused, or never made progress: errc::progress_deadline,
+  /// errc::connection_refused, errc::peer_unreachable; libfabric's FI_ECONNREFUSED,
+  /// FI_EHOSTUNREACH, FI_ENETUNREACH, FI_EADDRNOTAVAIL.
+  peer_unreachable,
+  /// The caller's context did not supply a usable operand: errc::no_source,
+  /// errc::no_landing_buffer, errc::landing_buffer_too_small, errc::operand_range_overflows.
+  invalid_operand,
+  /// The library gave the transfer up itself: errc::shutdown, errc::peer_removed. A cancellation
+  /// through the handler's slot is asio::error::operation_aborted instead, which is not this.
+  cancelled,
+  /// The connection broke under the transfer, which may or may not have landed:
+  /// errc::connection_lost; libfabric's FI_ECANCELED, FI_ENOTCONN, FI_ECONNRESET, FI_ECONNABORTED,
+  /// EPIPE.
+  connection_lost,
+  /// The peer refused the access (bad key, range or rights): errc::remote_access_denied;
+  /// libfabric's FI_EACCES, FI_EKEYREJECTED.
+  remote_access_denied,
 };
 
-const std::error_category& category() noexcept;         ///< the library's own codes (errc)
-const std::error_category& fabric_category() noexcept;  ///< libfabric codes, message from fi_strerror
+/// The category of the library's own codes (errc), named "dma". errc::timed_out compares equal
+/// to std::errc::timed_out; the others to their condition, where they have one.
+const std::error_category& category() noexcept;
+/// The category of libfabric's codes, named "libfabric", with fi_strerror() as the message. A code
+/// below FI_ERRNO_OFFSET is an errno value and compares equal to the matching std::errc too (FI_EIO
+/// and std::errc::io_error); connection, reachability and access codes compare equal to their
+/// condition.
+const std::error_category& fabric_category() noexcept;
+/// The category of the conditions (condition), named "dma.condition".
 const std::error_category& condition_category() noexcept;
 
+/// The code for `e` in category(); what lets an errc convert to std::error_code.
 std::error_code make_error_code(errc e) noexcept;
+/// The condition `c` in condition_category(); what lets a condition convert to
+/// std::error_condition.
 std::error_condition make_error_condition(condition c) noexcept;
 
-/// A libfabric return code (negative, as functions return it, or positive, as CQ entries carry it).
+/// A libfabric return code as a std::error_code in fabric_category(): negative as libfabric's
+/// functions return it (-FI_EAGAIN), or positive as completion-queue error entries carry it.
 std::error_code fabric_error(long long code) noexcept;
 
-/// Throws std::system_error(ec, what) when ec is set.
+/// Throws std::system_error(ec, what) when ec is set; does nothing otherwise.
 void throw_if(const std::error_code& ec, const std::string& what);
 
 }  // namespace dma
 
+// dma::errc converts implicitly to std::error_code, and codes compare equal to a dma::condition.
+// (Hidden from the reference, which cannot place a specialisation of a std template.)
+/// @cond
 template <>
 struct std::is_error_code_enum<dma::errc> : std::true_type {};
 template <>
 struct std::is_error_condition_enum<dma::condition> : std::true_type {};
+/// @endcond

@@ -10,6 +10,7 @@
 #include <asio/use_future.hpp>
 
 #include <cstdint>
+#include <cstdio>
 #include <future>
 #include <span>
 #include <string>
@@ -139,6 +140,38 @@ void command_line(const std::string& config_path, const std::string& bind_from_c
   dma::Configuration configuration;  // the defaults
   if (!config_path.empty()) configuration = dma::Configuration::from_toml(config_path);
   configuration.bind = bind_from_command_line;  // command-line options then override the file
+}
+
+void logging(dma::Configuration& configuration, std::vector<std::string>& my_log) {
+  // Every service and target of the process, from warnings up, on stderr:
+  dma::set_log_handler(dma::log_to_stderr(dma::LogLevel::warning));
+
+  // Or one service's messages to a function of its own (it wins over the process-wide handler):
+  configuration.log_handler = dma::LogHandler(
+      [&my_log](dma::LogLevel level, std::string_view message) {
+        my_log.push_back(std::string(dma::to_string(level)) + ": " + std::string(message));
+      },
+      dma::LogLevel::info);
+
+  dma::set_log_handler({});  // silent again (the default)
+}
+
+void latency(const Service& service) {
+  const dma::Metrics metrics = service.metrics();
+  const dma::LatencyHistogram& latency = metrics.latency;  // successful transfers
+  std::printf("%llu transfers, p50 %lld ns, p99 %lld ns\n", static_cast<unsigned long long>(latency.count()),
+              static_cast<long long>(latency.p50().count()), static_cast<long long>(latency.p99().count()));
+}
+
+std::string scrape(const Service& a, const Service& b) {
+  // One page, two services: a prefix each, so every metric name has one HELP and one TYPE line.
+  return dma::to_prometheus(a.metrics(), "dma_a_") + dma::to_prometheus(b.metrics(), "dma_b_");
+}
+
+dma::LatencyHistogram both(const Service& a, const Service& b) {
+  dma::LatencyHistogram latency = a.metrics().latency;
+  latency += b.metrics().latency;  // histograms add up
+  return latency;
 }
 
 }  // namespace snippets

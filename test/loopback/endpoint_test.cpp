@@ -110,3 +110,42 @@ TEST_CASE("libfabric discovers a tcp provider with null hints", "[loopback][endp
   fi_freeinfo(list);
   CHECK(tcp);
 }
+
+TEST_CASE("an endpoint logs its opening and its replacement to the configuration's handler",
+          "[loopback][endpoint][log]") {
+  std::vector<std::pair<dma::LogLevel, std::string>> heard;
+  std::vector<std::string> process_heard;
+  const auto previous = dma::set_log_handler(
+      dma::LogHandler([&](dma::LogLevel, std::string_view message) { process_heard.emplace_back(message); }));
+  auto configuration = test::loopback_configuration();
+  configuration.log_handler = dma::LogHandler(
+      [&](dma::LogLevel level, std::string_view message) { heard.emplace_back(level, std::string(message)); });
+  dma::Endpoint endpoint;
+  endpoint.open(configuration);
+  const std::string first_address = dma::encode_hex(endpoint.local_address());
+  std::error_code ec;
+  auto retired = endpoint.replace_endpoint(ec);
+  REQUIRE_FALSE(ec);
+  retired.endpoint.reset();  // the endpoint before its CQ
+  retired.cq.reset();
+  dma::set_log_handler(previous);
+
+  REQUIRE(heard.size() == 2);
+  CHECK(heard[0].first == dma::LogLevel::info);
+  CHECK(heard[0].second.rfind("endpoint opened: provider tcp", 0) == 0);
+  CHECK(heard[0].second.find("address " + first_address) != std::string::npos);
+  CHECK(heard[1].first == dma::LogLevel::info);
+  CHECK(heard[1].second ==
+        "endpoint replaced: address " + first_address + " -> " + dma::encode_hex(endpoint.local_address()));
+  CHECK(process_heard.empty());  // the service's handler wins
+
+  // Without a handler of its own, the endpoint logs to the process-wide one.
+  process_heard.clear();
+  const auto restore = dma::set_log_handler(
+      dma::LogHandler([&](dma::LogLevel, std::string_view message) { process_heard.emplace_back(message); }));
+  dma::Endpoint plain;
+  plain.open(test::loopback_configuration());
+  dma::set_log_handler(restore);
+  REQUIRE(process_heard.size() == 1);
+  CHECK(process_heard[0].rfind("endpoint opened: ", 0) == 0);
+}

@@ -82,13 +82,16 @@ int run(const Options& options) {
 
   std::unique_ptr<Target> target;
   if (options.inprocess_target) {
-    target = std::make_unique<InProcessTarget>(options.bind, span, options.target_wait, options.target_cpu);
+    target = std::make_unique<InProcessTarget>(options.configuration, options.bind, span, options.target_wait,
+                                               options.target_cpu);
   } else {
-    target = std::make_unique<ChildTarget>(self_path(), options.bind, span, options.target_wait, options.target_cpu);
+    target = std::make_unique<ChildTarget>(self_path(), options.config, options.bind, span, options.target_wait,
+                                           options.target_cpu);
   }
   pin_to(options.initiator_cpu);  // after the target started: its process or thread pins itself
   LocalBuffer local(span, options.hugepages);
-  Setup setup{target->advertisement(),
+  Setup setup{options.configuration,
+              target->advertisement(),
               std::chrono::nanoseconds(static_cast<std::int64_t>(options.spin_us * 1000)),
               options.bind,
               local.bytes(),
@@ -191,7 +194,8 @@ int main(int argc, char** argv) {
   try {
     // Named threads, so that profilers tell the two processes (and their threads) apart.
     prctl(PR_SET_NAME, options.serve ? "bench-target" : "bench-initiator");
-    if (options.serve) return serve(options.bind, options.region, options.target_wait, options.serve_cpu);
+    if (options.serve)
+      return serve(options.configuration, options.bind, options.region, options.target_wait, options.serve_cpu);
     install_interrupt_handler();
     return run(options);
   } catch (const std::exception& error) {

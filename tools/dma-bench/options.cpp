@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <chrono>
 #include <cstdio>
 
 namespace bench {
@@ -66,6 +67,9 @@ std::variant<Options, int> parse_options(int argc, char** argv) {
   std::string target = "child", target_wait = "fd", only, pin;
   const auto wait_names = CLI::IsMember({"fd", "adaptive", "busy"});
 
+  app.add_option("--config", o.config,
+                 "TOML file whose [dma-libfabric] table configures both sides' endpoints; the options given "
+                 "here override it (--bind, --wait, --spin-us, --target-wait)");
   app.add_option("--sizes", sizes, "transfer sizes, comma-separated (K, M, G suffixes)")
       ->delimiter(',')
       ->check(size_validator())
@@ -129,6 +133,22 @@ std::variant<Options, int> parse_options(int argc, char** argv) {
   o.inprocess_target = target == "inprocess";
   o.target_wait = *wait_from(target_wait);
   if (!only.empty()) o.only = only == "library" ? Only::library : Only::raw;
+  if (!o.config.empty()) {
+    std::error_code ec;
+    std::string message;
+    o.configuration = dma::Configuration::from_toml(o.config, dma::Configuration::default_section, ec, message);
+    if (ec) {
+      std::fprintf(stderr, "--config: %s\nRun with --help for more information.\n", message.c_str());
+      return 2;
+    }
+    const auto& file = o.configuration;
+    if (app.count("--bind") == 0 && file.bind) o.bind = *file.bind;
+    if (app.count("--wait") == 0) o.waits = {wait_of(file.wait_mode)};
+    if (app.count("--target-wait") == 0) o.target_wait = wait_of(file.wait_mode);
+    if (app.count("--spin-us") == 0) {
+      o.spin_us = std::chrono::duration<double, std::micro>(file.spin_budget).count();
+    }
+  }
   if (!pin.empty()) {
     const auto comma = pin.find(',');
     o.initiator_cpu = *cpu_number(std::string_view(pin).substr(0, comma));

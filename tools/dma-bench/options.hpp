@@ -3,6 +3,8 @@
 
 #include "types.hpp"
 
+#include <dma/configuration.hpp>
+
 #include <cstddef>
 #include <optional>
 #include <string>
@@ -15,6 +17,11 @@ namespace bench {
 enum class Only { library, raw };
 
 struct Options {
+  /// --config: the file's [dma-libfabric] table (the defaults without one). The options below
+  /// that set a configuration field (--bind, --wait, --spin-us, --target-wait) take the file's
+  /// value unless given on the command line; both sides open their endpoints with the rest.
+  dma::Configuration configuration;
+  std::string config;  ///< the file's path, for the child target
   std::vector<std::size_t> sizes;
   std::vector<dma::Direction> directions;
   std::vector<int> depths;

@@ -111,9 +111,10 @@ void print_json(const std::vector<Row>& rows, const Environment& e, const Option
       quoted(e.congestion_control).c_str());
   std::printf(
       "  \"parameters\": {\"runs\": %d, \"duration_s\": %.6g, \"spin_us\": %.6g, \"target\": %s, "
-      "\"target_wait\": %s, \"bind\": %s, \"hugepages\": %s, \"pin\": ",
+      "\"target_wait\": %s, \"bind\": %s, \"config\": %s, \"hugepages\": %s, \"pin\": ",
       o.runs, o.duration, o.spin_us, o.inprocess_target ? "\"inprocess\"" : "\"child\"",
-      quoted(std::string(to_string(o.target_wait))).c_str(), quoted(o.bind).c_str(), o.hugepages ? "true" : "false");
+      quoted(std::string(to_string(o.target_wait))).c_str(), quoted(o.bind).c_str(),
+      o.config.empty() ? "null" : quoted(o.config).c_str(), o.hugepages ? "true" : "false");
   if (o.initiator_cpu >= 0) {
     std::printf("[%d, %d]},\n", o.initiator_cpu, o.target_cpu);
   } else {

@@ -35,6 +35,7 @@ class LocalBuffer {
 };
 
 struct Setup {
+  dma::Configuration base;  ///< --config's, or the defaults
   dma::Advertisement peer;
   std::chrono::nanoseconds spin_budget{std::chrono::microseconds(50)};
   std::string bind;
@@ -42,13 +43,14 @@ struct Setup {
   double duration = 0.2;  ///< seconds per run
   int max_depth = 64;
 
-  /// What both sides open their endpoints with: the same CQ (wait object, size) and credits.
+  /// What both sides open their endpoints with: the same CQ (wait object, size) and credits,
+  /// enough of them for the deepest depth.
   dma::Configuration configuration(Wait wait) const {
-    dma::Configuration c;
+    dma::Configuration c = base;
     c.bind = bind;
     c.wait_mode = wait_mode(wait);
     c.spin_budget = spin_budget;
-    c.max_in_flight = static_cast<std::size_t>(std::max(64, max_depth));
+    c.max_in_flight = std::max(c.max_in_flight.value_or(64), static_cast<std::size_t>(max_depth));
     return c;
   }
 };

@@ -15,11 +15,29 @@ namespace {
 
 constexpr auto answer_bound = std::chrono::seconds(60);
 
-dma::Configuration target_configuration(const std::string& bind, Wait wait) {
-  dma::Configuration c;
+// The --config file's configuration (or the defaults), with the target's own bind and wait mode.
+dma::Configuration target_configuration(const dma::Configuration& base, const std::string& bind, Wait wait) {
+  dma::Configuration c = base;
   c.bind = bind;
   c.wait_mode = wait_mode(wait);
   return c;
+}
+
+// `dma-bench --serve ...`: the same file, and the options that override it given explicitly.
+std::vector<std::string> child_arguments(const std::string& self, const std::string& config, const std::string& bind,
+                                         std::size_t region_size, Wait wait, int cpu) {
+  std::vector<std::string> arguments{self,
+                                     "--serve",
+                                     "--bind",
+                                     bind,
+                                     "--region",
+                                     std::to_string(region_size),
+                                     "--target-wait",
+                                     std::string(to_string(wait)),
+                                     "--serve-cpu",
+                                     std::to_string(cpu)};
+  if (!config.empty()) arguments.insert(arguments.end(), {"--config", config});
+  return arguments;
 }
 
 }  // namespace
@@ -64,10 +82,10 @@ std::thread start_progress_thread(asio::io_context& io, int cpu, std::atomic<pid
   return thread;
 }
 
-int serve(const std::string& bind, std::size_t region_size, Wait wait, int cpu) {
+int serve(const dma::Configuration& base, const std::string& bind, std::size_t region_size, Wait wait, int cpu) {
   pin_to(cpu);
   asio::io_context io;
-  dma::Target target(io, target_configuration(bind, wait));
+  dma::Target target(io, target_configuration(base, bind, wait));
   std::vector<std::byte> region(region_size, std::byte{0x5a});
   auto exposed = target.expose(region);
   auto work = asio::make_work_guard(io);
@@ -88,10 +106,9 @@ int serve(const std::string& bind, std::size_t region_size, Wait wait, int cpu) 
   return 0;
 }
 
-ChildTarget::ChildTarget(const std::string& self, const std::string& bind, std::size_t region_size, Wait wait, int cpu)
-    : process_({self, "--serve", "--bind", bind, "--region", std::to_string(region_size), "--target-wait",
-                std::string(to_string(wait)), "--serve-cpu", std::to_string(cpu)},
-               true) {
+ChildTarget::ChildTarget(const std::string& self, const std::string& config, const std::string& bind,
+                         std::size_t region_size, Wait wait, int cpu)
+    : process_(child_arguments(self, config, bind, region_size, wait, cpu), true) {
   const std::string line = process_.line(answer_bound);
   const std::string prefix = "advertisement: ";
   if (line.rfind(prefix, 0) != 0) {
@@ -116,8 +133,9 @@ TargetUsage ChildTarget::usage() {
   return u;
 }
 
-InProcessTarget::InProcessTarget(const std::string& bind, std::size_t region_size, Wait wait, int cpu)
-    : target_(io_, target_configuration(bind, wait)),
+InProcessTarget::InProcessTarget(const dma::Configuration& base, const std::string& bind, std::size_t region_size,
+                                 Wait wait, int cpu)
+    : target_(io_, target_configuration(base, bind, wait)),
       region_(region_size, std::byte{0x5a}),
       work_(asio::make_work_guard(io_)) {
   exposed_ = target_.expose(region_);

@@ -34,7 +34,7 @@ std::thread start_progress_thread(asio::io_context& io, int cpu, std::atomic<pid
 
 /// `--serve`: expose a region, print its advertisement, answer "usage" with this process's CPU
 /// time and how often its progress thread slept, exit on end of input.
-int serve(const std::string& bind, std::size_t region_size, Wait wait, int cpu);
+int serve(const dma::Configuration& base, const std::string& bind, std::size_t region_size, Wait wait, int cpu);
 
 struct TargetUsage {
   double cpu = 0;            ///< CPU seconds of the target process (0 in process: the initiator's has it)
@@ -52,7 +52,8 @@ class Target {
 /// The target as a child process in its own process group, spoken to over pipes.
 class ChildTarget final : public Target {
  public:
-  ChildTarget(const std::string& self, const std::string& bind, std::size_t region_size, Wait wait, int cpu);
+  ChildTarget(const std::string& self, const std::string& config, const std::string& bind, std::size_t region_size,
+              Wait wait, int cpu);
   ~ChildTarget() override;
   const dma::Advertisement& advertisement() const override { return advertisement_; }
   TargetUsage usage() override;
@@ -66,7 +67,7 @@ class ChildTarget final : public Target {
 /// The target on a thread of this process (its CPU then shows up in the initiator's).
 class InProcessTarget final : public Target {
  public:
-  InProcessTarget(const std::string& bind, std::size_t region_size, Wait wait, int cpu);
+  InProcessTarget(const dma::Configuration& base, const std::string& bind, std::size_t region_size, Wait wait, int cpu);
   ~InProcessTarget() override;
   const dma::Advertisement& advertisement() const override { return exposed_.advertisement(); }
   TargetUsage usage() override { return {0, voluntary_switches(tid_.load())}; }

@@ -66,6 +66,18 @@ dma::WaitMode wait_mode(Wait wait) noexcept {
   return dma::WaitMode::fd;
 }
 
+Wait wait_of(dma::WaitMode mode) noexcept {
+  switch (mode) {
+    case dma::WaitMode::fd:
+      return Wait::fd;
+    case dma::WaitMode::adaptive:
+      return Wait::adaptive;
+    case dma::WaitMode::busy_poll:
+      return Wait::busy;
+  }
+  return Wait::fd;
+}
+
 std::optional<std::size_t> parse_size(std::string_view text) noexcept {
   std::uint64_t value = 0;
   const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);

@@ -29,6 +29,7 @@ std::optional<Api> api_from(std::string_view name) noexcept;
 std::optional<Wait> wait_from(std::string_view name) noexcept;
 std::optional<dma::Direction> direction_from(std::string_view name) noexcept;
 dma::WaitMode wait_mode(Wait wait) noexcept;
+Wait wait_of(dma::WaitMode mode) noexcept;
 
 /// A transfer size: a positive count of bytes with an optional suffix B, K/KiB, M/MiB or G/GiB
 /// (powers of 1024), at most 1 GiB; nullopt for anything else.

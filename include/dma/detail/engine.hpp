@@ -6,6 +6,7 @@
 #include <dma/configuration.hpp>
 #include <dma/detail/operation.hpp>
 #include <dma/endpoint.hpp>
+#include <dma/metrics.hpp>
 
 #include <asio/any_io_executor.hpp>
 #include <asio/strand.hpp>
@@ -19,34 +20,6 @@
 #include <vector>
 
 namespace dma {
-
-/// Counters a service keeps; read them with FabricService::metrics().
-struct Metrics {
-  std::uint64_t posted = 0;         ///< transfers handed to the provider
-  std::uint64_t completed = 0;      ///< transfers completed successfully
-  std::uint64_t failed = 0;         ///< transfers completed with an error
-  std::uint64_t eagain = 0;         ///< posts the provider refused with -FI_EAGAIN
-  std::uint64_t cq_reads = 0;       ///< fi_cq_read calls that returned entries
-  std::uint64_t fd_wakeups = 0;     ///< wake-ups through the CQ's wait fd
-  std::uint64_t spin_hits = 0;      ///< completions found while spinning before arming
-  std::uint64_t armed_late = 0;     ///< completions found right after arming the fd
-  std::uint64_t backstop_hits = 0;  ///< completions the backstop found after the fd stayed silent an interval (~0)
-  std::uint64_t joined_pass = 0;    ///< transfers submitted from inside a reaper pass, posted by that pass
-  std::uint64_t timed_out = 0;      ///< transfers that failed at their deadline (errc::timed_out)
-  std::uint64_t cancelled = 0;      ///< transfers cancelled through their handler's slot
-  std::uint64_t peers_marked_unreachable = 0;  ///< times a peer was marked unreachable (back-off began)
-  std::uint64_t reconnects = 0;                ///< fresh address-vector entries for a peer whose connection broke
-  std::uint64_t endpoint_replacements = 0;     ///< endpoints replaced to hand back posted transfers
-  std::uint64_t context_less_errors = 0;       ///< error entries without an operation (endpoint faults)
-  std::uint64_t queue_errors = 0;              ///< fi_cq_read failures that name no operation
-  std::uint64_t registrations = 0;             ///< fi_mr_reg calls for local operands and pinned regions
-  std::uint64_t cache_hits = 0;                ///< operands served by a cached registration
-  std::uint64_t cache_misses = 0;              ///< operands that found none
-  std::uint64_t cache_evictions = 0;           ///< CacheableSpan entries pushed out by the cache limits
-  std::size_t cache_entries = 0;               ///< cached registrations in this domain now
-  std::size_t cache_bytes = 0;                 ///< bytes under cached registrations now (pins included)
-};
-
 namespace detail {
 
 class Engine {

@@ -37,6 +37,10 @@
 namespace dma::detail {
 namespace {
 
+// The drain running on this thread, if any: what drain_position() reports. A drain may run inside
+// another one's handler (a strand dispatched inline), so each restores the one it found.
+thread_local const DrainPlace* current_drain = nullptr;
+
 std::error_code doom_error(Doom doom) noexcept {
   switch (doom) {
     case Doom::deadline:
@@ -151,12 +155,6 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
   const Configuration& configuration() const noexcept override { return configuration_; }
   asio::any_io_executor strand() const noexcept override { return strand_; }
   Metrics metrics() const noexcept override;
-
-  void set_drain_hook(void (*hook)(void*), void* context) noexcept override {
-    drain_hook_ = hook;
-    drain_hook_context_ = context;
-  }
-  bool draining() const noexcept override { return reaping_ && strand_.running_in_this_thread(); }
 
   // ---- strand --------------------------------------------------------------------------------
   std::error_code insert_peer(std::uint64_t client_id, std::span<const std::uint8_t> address) override {
@@ -314,6 +312,7 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
   // post_pending() sends it in the same pass. Returns how many operations it finished.
   std::size_t reap() {
     reaping_ = true;
+    const DrainPlace* outer = std::exchange(current_drain, &place_);
     std::size_t finished = drain_cqs();
     // A replaced endpoint holds only doomed transfers now: close it, and complete what it hands
     // back in this same drain.
@@ -324,9 +323,8 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
         reclaimer_.collect();
       }
     }
-    if (finished != 0 && drain_hook_ != nullptr) drain_hook_(drain_hook_context_);
+    current_drain = outer;
     reaping_ = false;
-    place_ = DrainPlace::last;
     if (finished != 0) absorb_intake();
     return finished;
   }
@@ -400,9 +398,7 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
   std::chrono::nanoseconds stall_retry_ = std::chrono::milliseconds(1);
   DrainPlace place_ = DrainPlace::last;  ///< of the completion being delivered, inside a drain
   bool reaping_ = false;
-  bool reclaim_due_ = false;             ///< a replaced endpoint holds only doomed transfers now
-  void (*drain_hook_)(void*) = nullptr;  ///< the callback layer's batch delivery (set_drain_hook)
-  void* drain_hook_context_ = nullptr;
+  bool reclaim_due_ = false;  ///< a replaced endpoint holds only doomed transfers now
   bool stopping_ = false;
   bool closed_ = false;
   Counter joined_pass_, context_less_errors_, queue_errors_;
@@ -570,6 +566,11 @@ void EngineImpl<Inner>::close_everything() noexcept {
 }
 
 }  // namespace
+
+DrainPosition drain_position() noexcept {
+  if (current_drain == nullptr) return DrainPosition::none;
+  return *current_drain == DrainPlace::more ? DrainPosition::more : DrainPosition::last;
+}
 
 std::shared_ptr<Engine> Engine::create(const asio::any_io_executor& executor, const Configuration& configuration,
                                        std::error_code& ec, std::string& what) {

@@ -159,10 +159,20 @@ struct Canceller {
 
 }  // namespace detail
 
-template <typename Context>
-class FabricService;  // the callback layer (fabric_service.hpp) installs a drain hook on the engine
-
 namespace asynchronous {
+
+/// Batching inline handlers. A completion handler bound to the service's own executor runs inline
+/// in the completion-queue drain that found its transfer, and:
+/// - a transfer it submits joins the running pass: it is accepted without a lock or a strand post
+///   and posted with the drain's other resubmissions, in one burst (Metrics::joined_pass);
+/// - drain_position() tells it whether another completion of the same drain follows
+///   (DrainPosition::more) or this is the drain's last (DrainPosition::last). A handler that
+///   gathers completions and acts on each batch at `last` therefore sees one batch per drain,
+///   and what it submits then still joins the pass. Completions that no drain delivers (a
+///   cancelled or refused transfer, shutdown) report DrainPosition::none: gather those with a
+///   handler posted to the executor instead.
+/// Call it from inside a completion handler only; anywhere else it returns DrainPosition::none.
+inline DrainPosition drain_position() noexcept { return detail::drain_position(); }
 
 /// The asynchronous fabric service: one endpoint whose completions are watched by the caller's
 /// executor (the CQ's wait fd on the io_context's reactor). Public member functions may be called
@@ -335,9 +345,6 @@ class FabricService {
   Metrics metrics() const noexcept { return engine_ ? engine_->metrics() : Metrics{}; }
 
  private:
-  template <typename>
-  friend class dma::FabricService;
-
   void open(const Configuration& configuration, std::error_code& ec, std::string& what) {
     close();
     engine_ = detail::Engine::create(executor_, configuration, ec, what);

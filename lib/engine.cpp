@@ -241,10 +241,10 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
 
   void accept(Operation* op) {
     if (stopping_) return ledger_.refuse(op, errc::shutdown);
-    if (op->peer_address.oversized()) return ledger_.refuse(op, errc::address_length);
+    if (op->request.peer_address.oversized()) return ledger_.refuse(op, errc::address_length);
     if (std::error_code ec = op->functions->resolve(*op)) return ledger_.refuse(op, ec);
     std::error_code ec;
-    Peer* peer = peers_->acquire(op->client_id, op->peer_address, ec);
+    Peer* peer = peers_->acquire(op->request.client_id, op->request.peer_address, ec);
     if (peer == nullptr) return ledger_.refuse(op, ec);
     op->peer = peer;
     ledger_.accept(op, accept_clock_);

@@ -35,7 +35,7 @@ namespace dma::detail {
 /// successful) or fi_readmsg (fi_read takes no flags, so no FI_MORE) of op to peer.
 inline ssize_t post_rma(fid_ep* endpoint, Operation& op, fi_addr_t peer, bool more) noexcept {
   iovec iov{op.buffer, op.length};
-  fi_rma_iov rma{op.remote_address, op.length, op.remote_key};
+  fi_rma_iov rma{op.request.remote_address, op.length, op.request.remote_key};
   fi_msg_rma msg{};
   msg.msg_iov = &iov;
   msg.desc = &op.descriptor;
@@ -45,7 +45,7 @@ inline ssize_t post_rma(fid_ep* endpoint, Operation& op, fi_addr_t peer, bool mo
   msg.rma_iov_count = 1;
   msg.context = op.as_context();
   const std::uint64_t flags = FI_COMPLETION | (more ? FI_MORE : 0);
-  if (op.direction == Direction::ToPeer) return fi_writemsg(endpoint, &msg, flags | FI_DELIVERY_COMPLETE);
+  if (op.request.direction == Direction::ToPeer) return fi_writemsg(endpoint, &msg, flags | FI_DELIVERY_COMPLETE);
   return fi_readmsg(endpoint, &msg, flags);
 }
 
@@ -188,7 +188,7 @@ class Poster {
   }
 
   static std::string rc_detail(ssize_t rc, const Operation& op) {
-    return std::string(op.direction == Direction::ToPeer ? "fi_writemsg" : "fi_readmsg") + " returned " +
+    return std::string(op.request.direction == Direction::ToPeer ? "fi_writemsg" : "fi_readmsg") + " returned " +
            std::to_string(rc);
   }
 

@@ -74,14 +74,7 @@ struct TransferOp final : Operation {
       std::allocator_traits<Allocator>::deallocate(allocator, op, 1);
       throw;
     }
-    op->client_id = request.client_id;
-    op->peer_address = request.peer_address;
-    op->remote_key = request.remote_key;
-    op->remote_address = request.remote_address;
-    op->direction = request.direction;
-    op->length = request.length;
-    op->want_checksum = request.want_checksum;
-    if (request.deadline) op->lifetime = std::max(*request.deadline, std::chrono::nanoseconds(0));
+    op->request = static_cast<const TransferFields&>(request);
     op->caller_context = std::move(request.caller_context);
     return op;
   }
@@ -94,13 +87,14 @@ struct TransferOp final : Operation {
 
   static std::error_code resolve(Operation& base) {
     auto& op = static_cast<TransferOp&>(base);
-    if (op.direction == Direction::ToPeer) {
+    if (op.request.direction == Direction::ToPeer) {
       auto source = Operands<Context>::source(op.caller_context);
       if (!source) return errc::no_source;
       op.buffer = const_cast<std::byte*>(source->data());  // the provider only reads a write's source
       op.length = source->size();
       return {};
     }
+    op.length = op.request.length;
     auto landing = Operands<Context>::allocate(op.caller_context, op.length);
     if (!landing) return errc::no_landing_buffer;
     if (landing->size() < op.length) return errc::landing_buffer_too_small;
@@ -115,7 +109,7 @@ struct TransferOp final : Operation {
   // The operation is freed before the handler runs, so a handler may submit again at once.
   static void complete(Operation* base, Outcome&& outcome) {
     auto* op = static_cast<TransferOp*>(base);
-    if (outcome.ok() && op->want_checksum) {
+    if (outcome.ok() && op->request.want_checksum) {
       outcome = Outcome(TransferDone{op->length, checksum(std::span<const std::byte>(op->buffer, op->length))});
     }
     auto slot = asio::get_associated_cancellation_slot(op->handler);

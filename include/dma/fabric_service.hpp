@@ -113,16 +113,9 @@ class FabricService {
     if (!running_) return request;
     ++accepted_;
     TransferRequest<detail::Tracked<Context>> inner;
-    inner.client_id = request.client_id;
-    inner.peer_address = request.peer_address;
-    inner.remote_key = request.remote_key;
-    inner.remote_address = request.remote_address;
-    inner.direction = request.direction;
-    inner.length = request.length;
+    static_cast<TransferFields&>(inner) = static_cast<const TransferFields&>(request);
     inner.want_checksum = false;  // hashed on the pool instead, off the reaper
     inner.caller_context.context = std::move(request.caller_context);
-    inner.parent_id = request.parent_id;
-    inner.deadline = request.deadline;
     inner_.submit(std::move(inner), Handler{this, request.want_checksum});
     return std::nullopt;
   }

@@ -20,8 +20,6 @@ constexpr std::size_t field_count = 3;
 constexpr std::array<const char*, field_count> field_names = {"address", "remote key", "remote address"};
 // Rust's split_whitespace, restricted to ASCII (the wire form is ASCII).
 constexpr std::string_view whitespace = " \t\n\v\f\r";
-// Size of efa's struct efa_ep_addr (GID, QPN, QKEY, pointer) in libfabric 1.17 through 2.x.
-constexpr std::size_t efa_address_length = 32;
 constexpr std::size_t quoted_limit = 64;
 constexpr std::size_t text_address_limit = 128;
 

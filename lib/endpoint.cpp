@@ -88,8 +88,6 @@ std::vector<std::string> discover_domains(const Configuration& configuration) {
   return names;
 }
 
-void Endpoint::InfoDeleter::operator()(fi_info* info) const noexcept { fi_freeinfo(info); }
-
 Endpoint::Endpoint() noexcept = default;
 
 Endpoint::~Endpoint() { close(); }

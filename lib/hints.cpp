@@ -21,9 +21,11 @@ constexpr std::size_t rma_only_rx_size = 16;
 
 // Before 1.18, tcp offers RDM only through rxm; naming the layering keeps fi_getinfo from ever
 // resolving to `net`, whose wait fd stays readable while idle.
-const char* tcp_provider_name() {
+std::string hinted_provider_name(Provider provider) {
+  std::string name(provider_name(provider));
   const auto version = fi_version();
-  return FI_MAJOR(version) == 1 && FI_MINOR(version) < 18 ? "tcp;ofi_rxm" : "tcp";
+  if (provider == Provider::tcp && FI_MAJOR(version) == 1 && FI_MINOR(version) < 18) name += ";ofi_rxm";
+  return name;
 }
 
 void set_hints(fi_info& hints, Provider provider) {
@@ -32,21 +34,12 @@ void set_hints(fi_info& hints, Provider provider) {
   hints.domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_VIRT_ADDR;
   // Every call for one endpoint runs on one strand, so the provider may skip its own locks.
   hints.domain_attr->threading = FI_THREAD_DOMAIN;
-  switch (provider) {
-    case Provider::efa_direct:
-      hints.fabric_attr->prov_name = strdup("efa");
-      hints.fabric_attr->name = strdup("efa-direct");
-      hints.mode |= FI_CONTEXT2;
-      break;
-    case Provider::shm:
-      // shm's receive queue is the queue of incoming RMA commands: it keeps its size.
-      hints.fabric_attr->prov_name = strdup("shm");
-      break;
-    case Provider::tcp:
-      hints.fabric_attr->prov_name = strdup(tcp_provider_name());
-      hints.rx_attr->size = rma_only_rx_size;
-      break;
-  }
+  hints.fabric_attr->prov_name = strdup(hinted_provider_name(provider).c_str());
+  if (const auto fabric = fabric_name(provider)) hints.fabric_attr->name = strdup(std::string(*fabric).c_str());
+  if (provider == Provider::efa_direct) hints.mode |= FI_CONTEXT2;  // efa-direct requires it
+  // Neither role posts receives on tcp; shm's receive queue is its queue of incoming RMA commands
+  // and keeps its size.
+  if (provider == Provider::tcp) hints.rx_attr->size = rma_only_rx_size;
 }
 
 struct ProcessState {

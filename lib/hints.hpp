@@ -2,6 +2,7 @@
 #pragma once
 
 #include "dma/configuration.hpp"
+#include "dma/detail/fid.hpp"
 
 #include <rdma/fabric.h>
 
@@ -10,11 +11,6 @@
 #include <system_error>
 
 namespace dma::detail {
-
-struct InfoListDeleter {
-  void operator()(fi_info* info) const noexcept { fi_freeinfo(info); }
-};
-using InfoList = std::unique_ptr<fi_info, InfoListDeleter>;
 
 /// Sets the process-wide libfabric variables the library relies on (FI_AV_REMOVE_CLEANUP) and
 /// those of ProcessSettings, once, before libfabric first initialises; never overrides a value

@@ -1,6 +1,7 @@
 // The refcounted peer-address table (seed §7), with exact reference counts instead of weak entries.
 #include "peer_table.hpp"
 
+#include <dma/advertisement.hpp>
 #include <dma/error.hpp>
 
 #include <algorithm>
@@ -10,8 +11,6 @@ namespace dma::detail {
 
 namespace {
 
-// fi_av_insert reads exactly this many bytes of an efa address, whatever the caller passes.
-constexpr std::size_t efa_address_bytes = 32;
 // GID (16) + QPN (2): the device hands a closed endpoint's QPN to the next one, so only the QKEY
 // tells two incarnations of a slot apart, and efa-direct's reverse AV cannot hold both.
 constexpr std::size_t efa_identity_bytes = 18;
@@ -30,17 +29,18 @@ std::size_t PeerTable::IdentityHash::operator()(std::string_view identity) const
   return std::hash<std::string_view>{}(identity);
 }
 
-PeerTable::PeerTable(std::uint32_t addr_format, InsertFn insert, RemoveFn remove)
-    : efa_(addr_format == FI_ADDR_EFA), insert_(std::move(insert)), remove_(std::move(remove)) {}
+PeerTable::PeerTable(std::uint32_t addr_format, InsertFn insert, RemoveFn remove, Validation validation)
+    : addr_format_(addr_format),
+      efa_(addr_format == FI_ADDR_EFA),
+      validation_(validation),
+      insert_(std::move(insert)),
+      remove_(std::move(remove)) {}
 
 PeerTable::~PeerTable() = default;
 
 fi_addr_t PeerTable::insert(std::uint64_t client_id, std::span<const std::uint8_t> address, std::error_code& ec) {
   if (ec) ec.clear();
-  // Hot path, taken on every post: the bytes match what the client holds, so their length was checked.
-  if (last_entry_ != nullptr && client_id == last_client_ && same_bytes(last_entry_->address, address)) {
-    return last_entry_->handle;
-  }
+  if (Entry* entry = cached(client_id, address)) return entry->handle;
   auto held = by_client_.find(client_id);
   if (held != by_client_.end() && same_bytes(held->second->address, address)) {
     last_client_ = client_id;
@@ -48,10 +48,12 @@ fi_addr_t PeerTable::insert(std::uint64_t client_id, std::span<const std::uint8_
     return held->second->handle;
   }
   last_entry_ = nullptr;  // whatever follows may rebind clients or erase entries
-  if (efa_ && address.size() != efa_address_bytes) {
+  if (validation_ == Validation::addresses) {
+    ec = validate_address(address, addr_format_);
+  } else if (efa_ && address.size() != efa_address_length) {
     ec = make_error_code(errc::address_length);
-    return FI_ADDR_NOTAVAIL;
   }
+  if (ec) return FI_ADDR_NOTAVAIL;
   if (auto live = by_identity_.find(identity_of(address)); live != by_identity_.end()) {
     if (same_bytes(live->second.address, address)) return join(client_id, live->second);
     evict(client_id, live);
@@ -61,18 +63,13 @@ fi_addr_t PeerTable::insert(std::uint64_t client_id, std::span<const std::uint8_
   return add(client_id, address, ec);
 }
 
-Peer* PeerTable::acquire(std::uint64_t client_id, std::span<const std::uint8_t> address, std::error_code& ec) {
-  if (last_entry_ != nullptr && client_id == last_client_ && same_bytes(last_entry_->address, address)) {
-    if (ec) ec.clear();
-    ++last_entry_->transfers;
-    return last_entry_;
-  }
+PeerTable::Entry* PeerTable::acquire_slow(std::uint64_t client_id, std::span<const std::uint8_t> address,
+                                          std::error_code& ec) {
   (void)insert(client_id, address, ec);
   if (ec) return nullptr;
   Entry* entry = by_client_.at(client_id);
   last_client_ = client_id;
   last_entry_ = entry;
-  ++entry->transfers;
   return entry;
 }
 

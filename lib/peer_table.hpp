@@ -41,28 +41,30 @@ class PeerTable {
   /// Removes one handle from the AV (failures are the callee's to log).
   using RemoveFn = std::function<void(fi_addr_t handle)>;
 
-  PeerTable(std::uint32_t addr_format, InsertFn insert, RemoveFn remove);
+  /// Whether insert() validates an address it has not seen (validate_address with the table's
+  /// format) before it changes anything; without, any bytes pass (efa's length is checked anyway).
+  enum class Validation : std::uint8_t { none, addresses };
+
+  PeerTable(std::uint32_t addr_format, InsertFn insert, RemoveFn remove, Validation validation = Validation::none);
   ~PeerTable();
   PeerTable(const PeerTable&) = delete;
   PeerTable& operator=(const PeerTable&) = delete;
 
   /// Binds client_id to address and returns its AV handle, inserting the address only when no
-  /// live entry has it. Rebinding a client to a new address releases its old entry. On efa
-  /// (FI_ADDR_EFA) addresses must be 32 bytes and the identity is the first 18 (GID + QPN): an
-  /// address with the same identity but different bytes is a recycled queue pair, and every
-  /// client holding the stale incarnation is evicted before the new one is inserted.
+  /// live entry has it. An address the client is not bound to yet is validated first (see
+  /// Validation). Rebinding a client to a new address releases its
+  /// old entry. On efa (FI_ADDR_EFA) the identity is the first 18 bytes (GID + QPN): an address
+  /// with the same identity but different bytes is a recycled queue pair, and every client
+  /// holding the stale incarnation is evicted before the new one is inserted.
   fi_addr_t insert(std::uint64_t client_id, std::span<const std::uint8_t> address, std::error_code& ec);
   /// insert() for one transfer: binds the client as insert() does and counts the transfer on the
-  /// entry, which then outlives every release until settle(). Null on error.
-  Peer* acquire(std::uint64_t client_id, std::span<const std::uint8_t> address, std::error_code& ec);
-  /// acquire()'s hot path alone: the entry when client_id is bound to exactly these bytes and was
-  /// the last one acquired (its address was validated when it was inserted), else null.
-  Peer* acquire_known(std::uint64_t client_id, std::span<const std::uint8_t> address) noexcept {
-    if (last_entry_ == nullptr || client_id != last_client_ || !std::ranges::equal(last_entry_->address, address)) {
-      return nullptr;
-    }
-    ++last_entry_->transfers;
-    return last_entry_;
+  /// entry, which then outlives every release until settle(). Null on error. The hot path, a
+  /// client posting to the peer of the last acquire or insert, is one comparison of the bytes.
+  Peer* acquire(std::uint64_t client_id, std::span<const std::uint8_t> address, std::error_code& ec) {
+    Entry* entry = cached(client_id, address);
+    if (entry == nullptr) entry = acquire_slow(client_id, address, ec);
+    if (entry != nullptr) ++entry->transfers;
+    return entry;
   }
   /// One of peer's transfers ended; the entry goes when it has neither transfers nor clients.
   void settle(Peer& peer);
@@ -99,6 +101,15 @@ class PeerTable {
   };
   using ByIdentity = std::unordered_map<std::string, Entry, IdentityHash, std::equal_to<>>;
 
+  /// The one last-binding cache: the entry when client_id was the last one looked up and is bound
+  /// to exactly these bytes (validated when they were inserted), else null.
+  Entry* cached(std::uint64_t client_id, std::span<const std::uint8_t> address) const noexcept {
+    if (last_entry_ == nullptr || client_id != last_client_ || !std::ranges::equal(last_entry_->address, address)) {
+      return nullptr;
+    }
+    return last_entry_;
+  }
+  Entry* acquire_slow(std::uint64_t client_id, std::span<const std::uint8_t> address, std::error_code& ec);
   std::string_view identity_of(std::span<const std::uint8_t> address) const noexcept;
   fi_addr_t join(std::uint64_t client_id, Entry& entry);
   void evict(std::uint64_t client_id, ByIdentity::iterator stale);
@@ -106,7 +117,9 @@ class PeerTable {
   void unref(Entry& entry);
   void erase_if_unused(Entry& entry);
 
+  std::uint32_t addr_format_;
   bool efa_;
+  Validation validation_;
   InsertFn insert_;
   RemoveFn remove_;
   ByIdentity by_identity_;  ///< identity → the live entry with that identity (at most one)
@@ -114,8 +127,8 @@ class PeerTable {
   std::vector<ByIdentity::node_type> evicted_;
   std::unordered_map<std::uint64_t, Entry*> by_client_;
   std::uint64_t evictions_ = 0;
-  /// The binding the last insert() hit (a steady client posts to one peer): spares the hash
-  /// lookup. Dropped by every change to the bindings or the entries.
+  /// The binding the last insert() or acquire() found (a steady client posts to one peer): spares
+  /// the hash lookup. Dropped by every change to the bindings or the entries.
   std::uint64_t last_client_ = 0;
   Entry* last_entry_ = nullptr;
 };

@@ -3,9 +3,9 @@
 #include "dma/error.hpp"
 #include "hints.hpp"
 
-#include <asio/posix/stream_descriptor.hpp>
+#include "cq_watcher.hpp"
+
 #include <asio/post.hpp>
-#include <asio/steady_timer.hpp>
 
 #include <rdma/fi_domain.h>
 #include <rdma/fi_eq.h>
@@ -13,7 +13,6 @@
 
 #include <atomic>
 #include <mutex>
-#include <optional>
 #include <random>
 
 namespace dma {
@@ -39,128 +38,56 @@ std::uint64_t random_key() {
   return engine();
 }
 
-constexpr auto backstop_interval = std::chrono::milliseconds(5);
-
 }  // namespace
 
 // Everything libfabric is touched under `mutex` (the endpoint is FI_THREAD_DOMAIN): the progress
 // handlers on the executor and expose/withdraw from any thread.
 struct Target::State : std::enable_shared_from_this<State> {
-  using Clock = std::chrono::steady_clock;
+  using Watcher = detail::CqWatcher<executor_type>;
 
   State(const executor_type& executor, const Configuration& configuration)
-      : executor(executor),
-        timer(executor),
-        wait_mode(detail::progress_wait_mode(configuration)),
-        spin_budget(configuration.spin_budget) {}
+      : executor(executor), watcher(executor, configuration, detail::WaitPolicy::WithoutFd::backstop) {}
 
   void start() {
-    if (endpoint.wait_fd() >= 0 && wait_mode != WaitMode::busy_poll) {
-      descriptor.emplace(executor, endpoint.wait_fd());
-    }
-    asio::post(executor, [self = shared_from_this()] { self->progress(true); });
+    watcher.attach(endpoint.fabric(), endpoint.cq(), endpoint.wait_fd());
+    asio::post(executor, [self = shared_from_this()] { self->on_cq_event(detail::CqEvent::wake); });
   }
 
-  // Drain (which is what moves tcp's manual progress), then poll again or wait for the fd or the
-  // backstop, as the configured wait mode says. A passive target sees no completions, so its only
-  // sign of traffic is the wait fd: `woken` (an fd wake, or fi_trywait saying work is pending)
-  // starts an adaptive spin. Each poll is a handler of its own, so the executor's other work runs.
-  // The spin matters to the initiator as much as to the target: data arriving at a target that is
-  // still polling needs no wake-up, and over loopback the initiator's sendmsg pays for each one.
-  void progress(bool woken = false) {
+  // A passive target sees no completions, so its only sign of traffic is the wait fd: a wake-up
+  // (or fi_trywait saying work is pending) starts an adaptive spin. The spin matters to the
+  // initiator as much as to the target: data arriving at a target that is still polling needs no
+  // wake-up, and over loopback the initiator's sendmsg pays for each one.
+  void on_cq_event(detail::CqEvent event) {
     std::lock_guard lock(mutex);
     if (stopped) return;
+    watcher.accept(event);
     passes.fetch_add(1, std::memory_order_relaxed);
-    drain();
-    if (wait_armed) return arm_backstop();
-    if (poll_scheduled) return;  // a polling pass is already on its way
-    if (wait_mode == WaitMode::busy_poll) return poll();
-    if (!descriptor) return arm_backstop();  // no wait object: the backstop paces progress
-    const auto now = Clock::now();
-    if (woken && wait_mode == WaitMode::adaptive) spin_until = now + spin_budget;
-    if (now < spin_until) return poll();
-    fid* fids[] = {&endpoint.cq()->fid};
-    if (fi_trywait(endpoint.fabric(), fids, 1) != 0) {  // work is pending: that counts as a wake-up
-      if (wait_mode == WaitMode::adaptive) spin_until = now + spin_budget;
-      return poll();
-    }
-    wait_armed = true;
-    descriptor->async_wait(asio::posix::descriptor_base::wait_read, [self = shared_from_this()](std::error_code ec) {
-      {
-        std::lock_guard lock(self->mutex);
-        self->wait_armed = false;
-      }
-      if (ec != asio::error::operation_aborted) self->progress(true);
-    });
-    arm_backstop();
+    drain();  // which is what moves tcp's manual progress
+    watcher.arm_backstop(shared_from_this());
+    if (watcher.wait(shared_from_this(), false) == detail::CqWaited::armed) drain();
   }
 
-  // Under the mutex. One polling pass in flight at a time.
-  void poll() {
-    if (poll_scheduled) return;
-    poll_scheduled = true;
-    asio::post(executor, [self = shared_from_this()] {
-      {
-        std::lock_guard lock(self->mutex);
-        self->poll_scheduled = false;
-      }
-      self->progress();
-    });
-  }
-
-  // Under the mutex.
-  void arm_backstop() {
-    if (timer_armed) return;
-    timer_armed = true;
-    timer.expires_after(backstop_interval);
-    timer.async_wait([self = shared_from_this()](std::error_code ec) {
-      {
-        std::lock_guard lock(self->mutex);
-        self->timer_armed = false;
-      }
-      if (ec != asio::error::operation_aborted) self->progress();
-    });
-  }
-
+  // The target posts nothing of its own: its entries, errors included, are read and dropped.
+  struct Sink {
+    void completed(void*, detail::DrainPlace) noexcept {}
+    void first_done() noexcept {}
+    int failed(fid_cq*, const fi_cq_err_entry&) noexcept { return 0; }
+  };
   void drain() {
-    fi_cq_entry entries[16];
-    for (int round = 0; round < 64; ++round) {
-      const ssize_t n = fi_cq_read(endpoint.cq(), entries, 16);
-      if (n > 0) continue;
-      if (n == -FI_EAVAIL) {
-        fi_cq_err_entry entry{};
-        (void)fi_cq_readerr(endpoint.cq(), &entry, 0);
-        continue;
-      }
-      return;
-    }
+    Sink sink;
+    (void)watcher.drain(endpoint.cq(), sink);
   }
 
   void stop() {
     std::lock_guard lock(mutex);
     stopped = true;
-    timer.cancel();
-    if (descriptor) {
-      descriptor->cancel();
-      (void)descriptor->release();
-    }
-  }
-
-  ~State() {
-    if (descriptor) (void)descriptor->release();
+    watcher.close();
   }
 
   executor_type executor;
   std::mutex mutex;
   Endpoint endpoint;
-  std::optional<asio::posix::stream_descriptor> descriptor;
-  asio::steady_timer timer;
-  WaitMode wait_mode;
-  std::chrono::nanoseconds spin_budget;
-  Clock::time_point spin_until{};
-  bool wait_armed = false;
-  bool poll_scheduled = false;
-  bool timer_armed = false;
+  Watcher watcher;
   bool stopped = false;
   std::atomic<std::uint64_t> passes{0};
 };

@@ -58,9 +58,13 @@ std::vector<std::uint8_t> decode_hex(std::string_view text);
 /// A decimal u64 with the Rust crate's rules: optional leading '+', no sign '-', no whitespace.
 std::optional<std::uint64_t> parse_u64(std::string_view text) noexcept;
 
+/// The length of an FI_ADDR_EFA address: efa's struct efa_ep_addr (GID, QPN, QKEY, pointer) in
+/// libfabric 1.17 through 2.x. fi_av_insert reads exactly this many bytes, whatever it is given.
+inline constexpr std::size_t efa_address_length = 32;
+
 /// Checks a peer address against an endpoint's libfabric address format (fi_info::addr_format):
 /// exact length, family, no port 0, no unspecified, multicast or broadcast address. FI_ADDR_EFA
-/// addresses must be 32 bytes. FI_ADDR_STR addresses (shm's names) must be "<scheme>://<name>"
+/// addresses must be efa_address_length bytes. FI_ADDR_STR addresses (shm's names) must be "<scheme>://<name>"
 /// with its terminating NUL, at most 128 bytes, printable, with no '/' in the name (address_length
 /// or address_family). Returns the first problem found, or an empty error_code.
 std::error_code validate_address(std::span<const std::uint8_t> address, std::uint32_t addr_format) noexcept;

@@ -74,14 +74,7 @@ struct TransferOp final : Operation {
       std::allocator_traits<Allocator>::deallocate(allocator, op, 1);
       throw;
     }
-    op->client_id = request.client_id;
-    op->peer_address = request.peer_address;
-    op->remote_key = request.remote_key;
-    op->remote_address = request.remote_address;
-    op->direction = request.direction;
-    op->length = request.length;
-    op->want_checksum = request.want_checksum;
-    if (request.deadline) op->lifetime = std::max(*request.deadline, std::chrono::nanoseconds(0));
+    op->request = static_cast<const TransferFields&>(request);
     op->caller_context = std::move(request.caller_context);
     return op;
   }
@@ -94,13 +87,14 @@ struct TransferOp final : Operation {
 
   static std::error_code resolve(Operation& base) {
     auto& op = static_cast<TransferOp&>(base);
-    if (op.direction == Direction::ToPeer) {
+    if (op.request.direction == Direction::ToPeer) {
       auto source = Operands<Context>::source(op.caller_context);
       if (!source) return errc::no_source;
       op.buffer = const_cast<std::byte*>(source->data());  // the provider only reads a write's source
       op.length = source->size();
       return {};
     }
+    op.length = op.request.length;
     auto landing = Operands<Context>::allocate(op.caller_context, op.length);
     if (!landing) return errc::no_landing_buffer;
     if (landing->size() < op.length) return errc::landing_buffer_too_small;
@@ -115,7 +109,7 @@ struct TransferOp final : Operation {
   // The operation is freed before the handler runs, so a handler may submit again at once.
   static void complete(Operation* base, Outcome&& outcome) {
     auto* op = static_cast<TransferOp*>(base);
-    if (outcome.ok() && op->want_checksum) {
+    if (outcome.ok() && op->request.want_checksum) {
       outcome = Outcome(TransferDone{op->length, checksum(std::span<const std::byte>(op->buffer, op->length))});
     }
     auto slot = asio::get_associated_cancellation_slot(op->handler);
@@ -159,10 +153,20 @@ struct Canceller {
 
 }  // namespace detail
 
-template <typename Context>
-class FabricService;  // the callback layer (fabric_service.hpp) installs a drain hook on the engine
-
 namespace asynchronous {
+
+/// Batching inline handlers. A completion handler bound to the service's own executor runs inline
+/// in the completion-queue drain that found its transfer, and:
+/// - a transfer it submits joins the running pass: it is accepted without a lock or a strand post
+///   and posted with the drain's other resubmissions, in one burst (Metrics::joined_pass);
+/// - drain_position() tells it whether another completion of the same drain follows
+///   (DrainPosition::more) or this is the drain's last (DrainPosition::last). A handler that
+///   gathers completions and acts on each batch at `last` therefore sees one batch per drain,
+///   and what it submits then still joins the pass. Completions that no drain delivers (a
+///   cancelled or refused transfer, shutdown) report DrainPosition::none: gather those with a
+///   handler posted to the executor instead.
+/// Call it from inside a completion handler only; anywhere else it returns DrainPosition::none.
+inline DrainPosition drain_position() noexcept { return detail::drain_position(); }
 
 /// The asynchronous fabric service: one endpoint whose completions are watched by the caller's
 /// executor (the CQ's wait fd on the io_context's reactor). Public member functions may be called
@@ -335,9 +339,6 @@ class FabricService {
   Metrics metrics() const noexcept { return engine_ ? engine_->metrics() : Metrics{}; }
 
  private:
-  template <typename>
-  friend class dma::FabricService;
-
   void open(const Configuration& configuration, std::error_code& ec, std::string& what) {
     close();
     engine_ = detail::Engine::create(executor_, configuration, ec, what);

@@ -133,9 +133,6 @@ class Endpoint {
   const fi_info* info() const noexcept { return fi_info_.get(); }
 
  private:
-  struct InfoDeleter {
-    void operator()(fi_info* info) const noexcept;
-  };
   void open_chosen(const Configuration& configuration, std::error_code& ec);
   void open_objects(const Configuration& configuration, std::error_code& ec);
   void open_cq(const Configuration& configuration, std::error_code& ec);
@@ -143,7 +140,7 @@ class Endpoint {
   void read_wait_fd() noexcept;
   void read_local_address(std::error_code& ec);
 
-  std::unique_ptr<fi_info, InfoDeleter> fi_info_;
+  detail::InfoList fi_info_;
   detail::Fid<fid_fabric> fabric_;
   detail::Fid<fid_domain> domain_;
   detail::Fid<fid_av> av_;

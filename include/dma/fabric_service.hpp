@@ -73,7 +73,6 @@ class FabricService {
                                               std::shared_ptr<Pool> pool) {
     std::unique_ptr<FabricService> service(new FabricService(std::move(completer), std::move(pool)));
     service->inner_.open(configuration);
-    service->install_drain_hook();
     service->deadline_ = configuration.progress_deadline;
     service->run();
     return service;
@@ -84,7 +83,6 @@ class FabricService {
     std::unique_ptr<FabricService> service(new FabricService(std::move(completer), std::move(pool)));
     service->inner_.open(configuration, ec);
     if (ec) return nullptr;
-    service->install_drain_hook();
     service->deadline_ = configuration.progress_deadline;
     service->run();
     return service;
@@ -115,16 +113,9 @@ class FabricService {
     if (!running_) return request;
     ++accepted_;
     TransferRequest<detail::Tracked<Context>> inner;
-    inner.client_id = request.client_id;
-    inner.peer_address = request.peer_address;
-    inner.remote_key = request.remote_key;
-    inner.remote_address = request.remote_address;
-    inner.direction = request.direction;
-    inner.length = request.length;
+    static_cast<TransferFields&>(inner) = static_cast<const TransferFields&>(request);
     inner.want_checksum = false;  // hashed on the pool instead, off the reaper
     inner.caller_context.context = std::move(request.caller_context);
-    inner.parent_id = request.parent_id;
-    inner.deadline = request.deadline;
     inner_.submit(std::move(inner), Handler{this, request.want_checksum});
     return std::nullopt;
   }
@@ -206,17 +197,11 @@ class FabricService {
     });
   }
 
-  // One drain becomes one batch, delivered by the engine's drain hook inside the reaper pass: what
-  // the completer resubmits joins that pass (no intake lock, no extra strand post) and is posted
-  // with the rest of the burst.
-  void install_drain_hook() {
-    engine_ = inner_.engine_.get();
-    engine_->set_drain_hook([](void* self) { static_cast<FabricService*>(self)->flush(); }, this);
-  }
-
-  // On the fabric thread, once per completion. Inside a drain the hook delivers the batch; a
-  // completion from anywhere else (a cancellation, a refused post, shutdown) gets a flush posted
-  // behind it.
+  // On the fabric thread, once per completion. One drain becomes one batch, delivered at the
+  // drain's last completion, inside the drain: what the completer resubmits joins that pass (no
+  // intake lock, no extra strand post) and is posted with the rest of the burst
+  // (asynchronous::drain_position()). A completion from anywhere else (a cancellation, a refused
+  // post, shutdown) gets a flush posted behind it.
   void collect(Completion<detail::Tracked<Context>>&& done, bool want_checksum) {
     Pending pending{{std::move(done.caller_context.context), std::move(done.outcome)}, done.caller_context.operand};
     if (want_checksum && pending.completion.outcome.ok()) {
@@ -224,7 +209,15 @@ class FabricService {
     } else {
       batch_.push_back(std::move(pending.completion));
     }
-    if (flush_scheduled_ || engine_->draining()) return;
+    switch (asynchronous::drain_position()) {
+      case DrainPosition::more:
+        return;
+      case DrainPosition::last:
+        return flush();
+      case DrainPosition::none:
+        break;
+    }
+    if (flush_scheduled_) return;
     flush_scheduled_ = true;
     asio::post(io_, [this] { flush(); });
   }
@@ -293,7 +286,6 @@ class FabricService {
   bool running_ = true;
   std::atomic<std::size_t> accepted_{0};
 
-  detail::Engine* engine_ = nullptr;  ///< inner_'s engine, alive while its completions run here
   bool flush_scheduled_ = false;
   std::vector<Completion<Context>> batch_;
   std::vector<Pending> checksummed_;

@@ -70,7 +70,7 @@ class Target {
   /// configuration.wait_mode says how: `fd` waits on the CQ's wait fd between passes, `adaptive`
   /// (the default) keeps polling for spin_budget after each wake-up before it waits again (data
   /// that lands meanwhile needs no wake-up, which over loopback also saves the writer's CPU), and
-  /// `busy_poll` never waits (a core per target). A 5 ms backstop timer runs whenever it waits.
+  /// `busy_poll` never waits (a core per target). A backstop timer (backstop_interval) also ticks.
   Target(const executor_type& executor, const Configuration& configuration);
   /// As Target(context.get_executor(), configuration), e.g. with an asio::io_context.
   template <typename ExecutionContext>

@@ -101,10 +101,10 @@ struct CacheableSpan {
   friend bool operator==(const CacheableSpan&, const CacheableSpan&) = default;
 };
 
-/// One transfer. The context owns (or refers to) the local operand and is handed back, by value,
-/// in the Completion; the operand must stay valid and unmodified until then.
-template <typename Context>
-struct TransferRequest {
+/// Everything a TransferRequest says besides its context: where the bytes go, which way, and
+/// what the caller wants back. The library carries it as one piece from the request to the
+/// transfer it becomes.
+struct TransferFields {
   std::uint64_t client_id = 0;              ///< stable per client; never reused
   PeerAddress peer_address;                 ///< the advertised raw fabric address
   std::uint64_t remote_key = 0;             ///< the advertised rkey of the peer's registration
@@ -112,11 +112,18 @@ struct TransferRequest {
   Direction direction = Direction::ToPeer;  ///< write into the peer (default) or read from it
   std::size_t length = 0;                   ///< FromPeer: bytes to read (ToPeer: the source's size)
   bool want_checksum = false;               ///< CRC-32C of the local operand in TransferDone
-  Context caller_context{};                 ///< yours: holds the operand, comes back in the Completion
   std::optional<std::uint64_t> parent_id;   ///< tracing parent; unused by the library itself
   /// From acceptance to completion; none means Configuration::transfer_deadline, dma::no_deadline
   /// none at all. Past it the transfer fails with errc::timed_out.
   std::optional<std::chrono::nanoseconds> deadline;
+};
+
+/// One transfer: its TransferFields and the caller's context. The context owns (or refers to) the
+/// local operand and is handed back, by value, in the Completion; the operand must stay valid and
+/// unmodified until then.
+template <typename Context>
+struct TransferRequest : TransferFields {
+  Context caller_context{};  ///< yours: holds the operand, comes back in the Completion
 
   /// Addresses the request to an advertised buffer, `offset` bytes into it: sets peer_address,
   /// remote_key and remote_address (the advertised address plus offset, whichever addressing mode

@@ -442,3 +442,41 @@ TEST_CASE("random inserts and releases keep the table, the AV and a model in ste
   CHECK(av.live.empty());
   CHECK(av.inserted.size() == av.removed.size());
 }
+
+TEST_CASE("a validating table refuses a bad address before it touches the AV or the binding", "[peers]") {
+  FakeAv av;
+  PeerTable table(
+      opaque,
+      [&](std::span<const std::uint8_t> address, fi_addr_t& handle) {
+        handle = av.next++;
+        av.inserted.emplace_back(address.begin(), address.end());
+        return std::error_code{};
+      },
+      [&](fi_addr_t handle) { av.removed.push_back(handle); }, PeerTable::Validation::addresses);
+  std::error_code ec;
+  dma::detail::Peer* peer = table.acquire(1, opaque_address(1), ec);
+  REQUIRE(peer != nullptr);
+  Bytes port_zero = opaque_address(1);
+  port_zero[2] = port_zero[3] = 0;
+  CHECK(table.acquire(1, port_zero, ec) == nullptr);
+  CHECK(ec == dma::errc::address_port_zero);
+  CHECK(av.inserted.size() == 1);
+  CHECK(table.find(1) == std::optional<fi_addr_t>(100));  // still bound to its first address
+  table.settle(*peer);
+}
+
+TEST_CASE("acquire counts transfers on the entry, and the last binding is one comparison away", "[peers]") {
+  FakeAv av;
+  auto table = av.table(opaque);
+  std::error_code ec;
+  dma::detail::Peer* first = table.acquire(1, opaque_address(1), ec);
+  dma::detail::Peer* again = table.acquire(1, opaque_address(1), ec);
+  REQUIRE(first != nullptr);
+  CHECK(again == first);
+  CHECK(first->transfers == 2);
+  table.release(1);  // removal waits for the transfers
+  CHECK(av.removed.empty());
+  table.settle(*first);
+  table.settle(*first);
+  CHECK(av.removed == std::vector<fi_addr_t>{100});
+}

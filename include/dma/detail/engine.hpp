@@ -1,5 +1,5 @@
-// The engine behind every service: credits, per-peer queues, peers, the CQ reaper, deadlines. Everything it
-// does to libfabric runs on one strand. The typed front ends (asynchronous::FabricService and the
+// The engine behind every service: credits, per-peer queues, peers, the CQ watcher, deadlines. Everything
+// it does to libfabric runs on one strand. The typed front ends (asynchronous::FabricService and the
 // callback FabricService) talk to it through this interface; the implementation is in lib/.
 #pragma once
 
@@ -20,7 +20,18 @@
 #include <vector>
 
 namespace dma {
+/// Where a completion stands in the completion-queue drain that delivers it; see
+/// asynchronous::drain_position().
+enum class DrainPosition : std::uint8_t {
+  none,  ///< not delivered by a drain running on this thread (a cancellation, a refused post, shutdown)
+  more,  ///< another completion of the same drain is delivered right after this one
+  last,  ///< the drain's last completion (an error completion also ends a batch)
+};
+
 namespace detail {
+
+/// The position of the completion a drain on the calling thread is delivering (none outside one).
+DrainPosition drain_position() noexcept;
 
 class Engine {
  public:
@@ -56,13 +67,6 @@ class Engine {
   virtual const Configuration& configuration() const noexcept = 0;
   /// The strand every libfabric call of this engine runs on (for setup posts, not the hot path).
   virtual asio::any_io_executor strand() const noexcept = 0;
-
-  /// Runs hook(context) on the strand after every CQ drain that finished at least one transfer,
-  /// before the pass posts: a transfer submitted from inside the hook joins that same pass (no
-  /// lock, no strand post). It must not throw. Set it before the first submit; one hook per engine.
-  virtual void set_drain_hook(void (*hook)(void*), void* context) noexcept = 0;
-  /// True while the calling thread is inside a CQ drain of this engine, i.e. a drain hook follows.
-  virtual bool draining() const noexcept = 0;
 };
 
 }  // namespace detail

@@ -3,6 +3,7 @@
 
 #include <rdma/fabric.h>
 
+#include <memory>
 #include <utility>
 
 namespace dma::detail {
@@ -42,5 +43,12 @@ class Fid {
  private:
   T* object_ = nullptr;
 };
+
+/// Frees an fi_info list (fi_getinfo's or fi_dupinfo's) with fi_freeinfo.
+struct InfoDeleter {
+  void operator()(fi_info* info) const noexcept { fi_freeinfo(info); }
+};
+/// Owns an fi_info list.
+using InfoList = std::unique_ptr<fi_info, InfoDeleter>;
 
 }  // namespace dma::detail

@@ -42,18 +42,11 @@ struct Operation {
   const OperationFunctions* functions = nullptr;
   Operation* next = nullptr;
 
-  // The request.
-  std::uint64_t client_id = 0;
-  PeerAddress peer_address;
-  std::uint64_t remote_key = 0;
-  std::uint64_t remote_address = 0;
-  Direction direction = Direction::ToPeer;
-  std::size_t length = 0;
-  bool want_checksum = false;
-  std::chrono::nanoseconds lifetime{-1};  ///< the request's deadline; negative: the configuration's
+  TransferFields request;  ///< as submitted
 
   // Filled in on the strand.
   std::byte* buffer = nullptr;
+  std::size_t length = 0;  ///< the operand's: a write's source size, a read's requested length
   void* descriptor = nullptr;
   std::shared_ptr<void> lease;  ///< the local registration in use, when the provider needs FI_MR_LOCAL
   std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();

@@ -1,0 +1,284 @@
+// The CQ watcher: drains a completion queue and decides how the next look at it happens (a
+// polling pass, the wait fd, or the backstop timer), by the WaitPolicy. The engine and Target use
+// it alike; each runs it under its own serialisation (the engine's strand, the Target's mutex).
+//
+// The watcher never calls its host from inside one of its own calls. Its asynchronous waits call
+// host->on_cq_event(event), with the host kept alive by the shared_ptr the wait holds; the host
+// then takes its serialisation and calls accept(event) before anything else. A cancelled wait
+// calls nothing: release() and detach() drop the flags at once, so a cancelled handler that runs
+// after a re-arm cannot clear the new arm's flag.
+#pragma once
+
+#include "counter.hpp"
+#include "hints.hpp"
+#include "wait_policy.hpp"
+
+#include <dma/configuration.hpp>
+#include <dma/detail/block_pool.hpp>
+
+#include <asio/bind_allocator.hpp>
+#include <asio/error.hpp>
+#include <asio/posix/stream_descriptor.hpp>
+#include <asio/post.hpp>
+#include <asio/steady_timer.hpp>
+
+#include <rdma/fi_eq.h>
+#include <rdma/fi_errno.h>
+
+#include <poll.h>
+
+#include <algorithm>
+#include <memory>
+#include <optional>
+#include <vector>
+
+namespace dma::detail {
+
+/// The watcher's counters (Metrics fields of the same names).
+struct CqCounters {
+  Counter cq_reads, fd_wakeups, spin_hits, armed_late, backstop_hits, queue_errors;
+};
+
+/// What a drained completion is, for a host that batches: another completion of the same drain
+/// follows it, or it is the drain's last (or an error entry, which ends a batch).
+enum class DrainPlace : std::uint8_t { more, last };
+
+/// What woke the host: the fd, a polling pass, the backstop timer.
+enum class CqEvent : std::uint8_t { wake, poll, backstop };
+/// What CqWatcher::wait() did. armed: the fd wait was armed just now, and the host reads the CQ
+/// once more: an edge that fired between fi_trywait and the arm is lost to an epoll reactor (which
+/// registers the descriptor edge-triggered), and that read catches whatever it announced.
+enum class CqWaited : std::uint8_t { polling, armed, already_armed, backstop };
+
+template <typename Executor>
+class CqWatcher {
+ public:
+  using Clock = std::chrono::steady_clock;
+  using Event = CqEvent;
+  using Waited = CqWaited;
+
+  CqWatcher(const Executor& executor, const Configuration& configuration, WaitPolicy::WithoutFd without_fd)
+      : executor_(executor),
+        backstop_(executor),
+        policy_(progress_wait_mode(configuration), configuration.spin_budget, without_fd),
+        interval_(configuration.backstop_interval),
+        entries_(std::max<std::size_t>(1, configuration.cq_batch)) {}
+  ~CqWatcher() { detach(); }
+  CqWatcher(const CqWatcher&) = delete;
+  CqWatcher& operator=(const CqWatcher&) = delete;
+
+  /// Watches cq of fabric, with its wait fd (-1 for none; libfabric owns it, the watcher never
+  /// closes it). Replaces whatever it watched before.
+  void attach(fid_fabric* fabric, fid_cq* cq, int wait_fd) {
+    detach();
+    fabric_ = fabric;
+    cq_ = cq;
+    if (wait_fd >= 0 && policy_.mode() != WaitMode::busy_poll) {
+      descriptor_.emplace(executor_, wait_fd);
+      fd_ = wait_fd;
+    }
+    policy_.set_fd(descriptor_.has_value());
+  }
+
+  /// Stops watching the fd: cancels its wait and releases the descriptor, before fi_close(cq).
+  void detach() noexcept {
+    wait_armed_ = false;
+    if (descriptor_) {
+      descriptor_->cancel();
+      (void)descriptor_->release();
+      descriptor_.reset();
+    }
+    fd_ = -1;
+    policy_.set_fd(false);
+  }
+
+  /// Stops everything (shutdown): the fd and the backstop.
+  void close() noexcept {
+    detach();
+    backstop_armed_ = false;
+    backstop_.cancel();
+  }
+
+  /// Nothing is outstanding: cancels the backstop and the fd wait, so the executor holds nothing
+  /// of the watcher and an io_context's run() can return.
+  void release() noexcept {
+    if (backstop_armed_) {
+      backstop_armed_ = false;
+      backstop_.cancel();
+    }
+    if (wait_armed_) {
+      wait_armed_ = false;
+      descriptor_->cancel();
+    }
+  }
+
+  /// Reads cq (the watched one or another) until it is empty, cq_batch entries per fi_cq_read.
+  /// sink.completed(context, place) runs for each successful entry and sink.first_done() after
+  /// the first completion that follows each read; sink.failed(cq, entry) for each error entry, returning 1
+  /// when it finished an operation. The last entry of a full read is held until the next read
+  /// says whether more follow. Never spins on -FI_EAVAIL: a failing fi_cq_readerr ends the drain.
+  /// Returns how many operations it finished.
+  template <typename Sink>
+  std::size_t drain(fid_cq* cq, Sink& sink) {
+    std::size_t finished = 0;
+    void* held = nullptr;
+    for (;;) {
+      const ssize_t n = fi_cq_read(cq, entries_.data(), entries_.size());
+      if (n > 0) {
+        counters_.cq_reads.add();
+        const auto count = static_cast<std::size_t>(n);
+        bool first = true;
+        auto deliver = [&](void* context, DrainPlace place) {
+          sink.completed(context, place);
+          if (std::exchange(first, false)) sink.first_done();
+        };
+        if (held != nullptr) deliver(std::exchange(held, nullptr), DrainPlace::more);
+        for (std::size_t i = 0; i + 1 < count; ++i)
+          deliver(entries_[i].op_context, DrainPlace::more);
+        finished += count;
+        if (count < entries_.size()) {
+          deliver(entries_[count - 1].op_context, DrainPlace::last);
+          return finished;
+        }
+        held = entries_[count - 1].op_context;
+        continue;
+      }
+      if (n == -FI_EAVAIL) {
+        if (held != nullptr) sink.completed(std::exchange(held, nullptr), DrainPlace::more);
+        fi_cq_err_entry entry{};
+        if (fi_cq_readerr(cq, &entry, 0) <= 0) {
+          counters_.queue_errors.add();
+          return finished;
+        }
+        finished += static_cast<std::size_t>(sink.failed(cq, entry));
+        continue;
+      }
+      if (held != nullptr) sink.completed(held, DrainPlace::last);
+      if (n != -FI_EAGAIN) counters_.queue_errors.add();
+      return finished;
+    }
+  }
+
+  /// After a pass, as the policy says: posts a polling pass, arms the fd (fi_trywait first), or
+  /// leaves it to the backstop. fi_trywait reporting work counts as activity and polls.
+  template <typename Host>
+  Waited wait(const std::shared_ptr<Host>& host, bool poll_again) {
+    switch (policy_.after_pass(poll_again)) {
+      case WaitPolicy::Next::poll:
+        schedule_poll(host);
+        return Waited::polling;
+      case WaitPolicy::Next::backstop:
+        return Waited::backstop;
+      case WaitPolicy::Next::arm:
+        break;
+    }
+    if (wait_armed_) return Waited::already_armed;
+    if (try_arm(host)) return Waited::armed;
+    policy_.note_activity();
+    schedule_poll(host);
+    return Waited::polling;
+  }
+
+  /// fi_trywait, then one async_wait on the fd; false without an fd or when the provider says not
+  /// to wait. The call is mandatory, not an optimisation: tcp updates its epoll interest inside it.
+  template <typename Host>
+  bool try_arm(const std::shared_ptr<Host>& host) {
+    if (wait_armed_) return true;
+    if (!descriptor_) return false;
+    fid* fids[] = {&cq_->fid};
+    if (fi_trywait(fabric_, fids, 1) != 0) return false;
+    wait_armed_ = true;
+    armed_at_ = Clock::now();
+    descriptor_->async_wait(asio::posix::descriptor_base::wait_read, [host](std::error_code ec) {
+      if (ec != asio::error::operation_aborted) host->on_cq_event(Event::wake);
+    });
+    return true;
+  }
+
+  /// One polling pass at a time, each a handler of its own.
+  template <typename Host>
+  void schedule_poll(const std::shared_ptr<Host>& host) {
+    if (poll_scheduled_) return;
+    poll_scheduled_ = true;
+    asio::post(executor_, asio::bind_allocator(PoolAllocator<void>(), [host] { host->on_cq_event(Event::poll); }));
+  }
+
+  /// Arms the backstop for the configured backstop_interval unless it is armed already.
+  template <typename Host>
+  void arm_backstop(const std::shared_ptr<Host>& host) {
+    arm_backstop(interval_, host);
+  }
+  /// Arms the backstop for interval unless it is armed already.
+  template <typename Host>
+  void arm_backstop(std::chrono::nanoseconds interval, const std::shared_ptr<Host>& host) {
+    if (backstop_armed_) return;
+    backstop_armed_ = true;
+    backstop_.expires_after(interval);
+    backstop_.async_wait([host](std::error_code ec) {
+      if (ec != asio::error::operation_aborted) host->on_cq_event(Event::backstop);
+    });
+  }
+
+  /// The first call of the host's on_cq_event, under its serialisation: settles the watcher's
+  /// state for the event. For the backstop, it also notes whether a wake-up looks lost: the fd
+  /// wait was armed for a whole backstop_interval and the fd is silent (completions found sooner, or while
+  /// the fd is readable, were merely beaten to it by the timer); see backstop_found().
+  void accept(Event event) noexcept {
+    switch (event) {
+      case Event::wake:
+        wait_armed_ = false;
+        counters_.fd_wakeups.add();
+        policy_.note_activity();
+        return;
+      case Event::poll:
+        poll_scheduled_ = false;
+        return;
+      case Event::backstop:
+        backstop_armed_ = false;
+        lost_wake_ = wait_armed_ && Clock::now() - armed_at_ >= interval_ && !fd_readable();
+        return;
+    }
+  }
+
+  /// The backstop's pass found completions: counted as a lost wake-up when accept() suspected one.
+  void backstop_found() noexcept {
+    if (lost_wake_) counters_.backstop_hits.add();
+  }
+  /// A polling pass found completions.
+  void poll_found() noexcept { counters_.spin_hits.add(); }
+  /// The read right after arming found completions.
+  void armed_late_found() noexcept { counters_.armed_late.add(); }
+  void note_activity() noexcept { policy_.note_activity(); }
+
+  bool wait_armed() const noexcept { return wait_armed_; }
+  bool has_fd() const noexcept { return descriptor_.has_value(); }
+  const CqCounters& counters() const noexcept { return counters_; }
+
+ private:
+  bool fd_readable() const noexcept {
+    if (fd_ < 0) return false;
+    pollfd p{fd_, POLLIN, 0};
+    return ::poll(&p, 1, 0) > 0;
+  }
+
+  using Descriptor = asio::posix::basic_stream_descriptor<Executor>;
+  using Timer = asio::basic_waitable_timer<Clock, asio::wait_traits<Clock>, Executor>;
+
+  Executor executor_;
+  std::optional<Descriptor> descriptor_;
+  Timer backstop_;
+  WaitPolicy policy_;
+  std::chrono::nanoseconds interval_;
+  std::vector<fi_cq_entry> entries_;
+  fid_fabric* fabric_ = nullptr;
+  fid_cq* cq_ = nullptr;
+  int fd_ = -1;
+  Clock::time_point armed_at_{};
+  bool wait_armed_ = false;
+  bool poll_scheduled_ = false;
+  bool backstop_armed_ = false;
+  bool lost_wake_ = false;
+  CqCounters counters_;
+};
+
+}  // namespace dma::detail

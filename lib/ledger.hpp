@@ -1,0 +1,151 @@
+// The ledger: every accepted transfer from acceptance to completion. It is the one exit each
+// transfer takes, exactly once (finish, succeed, or refuse for one never accepted), settles what
+// the transfer held before its handler runs, counts outcomes, and sweeps deadlines.
+#pragma once
+
+#include "counter.hpp"
+#include "peer_table.hpp"
+#include "poster.hpp"
+#include "reclaimer.hpp"
+
+#include <dma/error.hpp>
+
+#include <asio/error.hpp>
+
+#include <atomic>
+#include <string>
+#include <system_error>
+#include <vector>
+
+namespace dma::detail {
+
+class Ledger {
+ public:
+  explicit Ledger(std::chrono::nanoseconds default_deadline) noexcept : default_deadline_(default_deadline) {}
+
+  void bind(PeerTable* peers) noexcept { peers_ = peers; }
+
+  // Any thread.
+  void submitted() noexcept { outstanding_.fetch_add(1, std::memory_order_relaxed); }
+  std::size_t outstanding() const noexcept { return outstanding_.load(std::memory_order_relaxed); }
+  std::uint64_t next_sequence() noexcept { return sequence_.fetch_add(1, std::memory_order_relaxed); }
+
+  /// op is accepted at `now` (its peer acquired): its deadline starts.
+  void accept(Operation* op, Clock::time_point now) noexcept {
+    const auto& asked = op->request.deadline;
+    op->deadline = deadline_after(now, asked ? std::max(*asked, std::chrono::nanoseconds(0)) : default_deadline_);
+    if (op->deadline < next_deadline_) next_deadline_ = op->deadline;
+    accepted_.push_back(op);
+  }
+  /// Whether op (compared by address before anything is read through it) is accepted with sequence.
+  bool holds(const Operation* op, std::uint64_t sequence) const noexcept {
+    return accepted_.contains(op) && op->sequence == sequence;
+  }
+  Operation* oldest() const noexcept { return accepted_.oldest(); }
+
+  void finish(Operation* op, std::error_code ec, int provider_errno = 0, std::string detail = {}) {
+    if (!ec) return succeed(op);
+    release(op);
+    failed_.add();
+    if (ec == errc::timed_out) timed_out_.add();
+    if (ec == asio::error::operation_aborted) cancelled_.add();
+    op->functions->complete(op, Outcome(ec, provider_errno, std::move(detail)));
+  }
+  void succeed(Operation* op) {
+    release(op);
+    completed_.add();
+    op->functions->complete(op, Outcome(TransferDone{op->length, std::nullopt}));
+  }
+  /// An operation refused before it was accepted: it holds nothing yet.
+  void refuse(Operation* op, std::error_code ec) {
+    outstanding_.fetch_sub(1, std::memory_order_relaxed);
+    failed_.add();
+    op->functions->complete(op, Outcome(ec));
+  }
+  /// The execution context is going away: frees every accepted operation without invoking it.
+  void destroy_all() noexcept {
+    while (Operation* op = accepted_.oldest()) {
+      accepted_.unlink(op);
+      op->lease.reset();
+      op->functions->destroy(op);
+    }
+  }
+
+  /// Nothing is outstanding: no deadline is pending.
+  void forget_deadlines() noexcept { next_deadline_ = Clock::time_point::max(); }
+
+  /// Fails the queued transfers past their deadline and dooms the posted ones; a peer whose
+  /// posted transfer timed out is marked unreachable, after the sweep, so its other transfers
+  /// that timed out too report the deadline. One comparison unless the earliest deadline passed.
+  /// Returns whether it doomed or failed anything.
+  template <typename Host>
+  bool sweep(Clock::time_point now, Reclaimer& reclaimer, Poster& poster, Host& host);
+
+  std::uint64_t completed() const noexcept { return completed_.get(); }
+  std::uint64_t failed() const noexcept { return failed_.get(); }
+  std::uint64_t timed_out() const noexcept { return timed_out_.get(); }
+  std::uint64_t cancelled() const noexcept { return cancelled_.get(); }
+
+ private:
+  // now + d without overflow; no_deadline (or anything past the clock's range) never fires.
+  static Clock::time_point deadline_after(Clock::time_point now, std::chrono::nanoseconds d) noexcept {
+    if (d >= Clock::time_point::max() - now) return Clock::time_point::max();
+    return now + std::chrono::duration_cast<Clock::duration>(d);
+  }
+
+  // What an accepted operation holds, given back before its handler runs.
+  void release(Operation* op) {
+    accepted_.unlink(op);
+    op->lease.reset();
+    peers_->settle(*op->peer);
+    outstanding_.fetch_sub(1, std::memory_order_relaxed);
+  }
+
+  std::chrono::nanoseconds default_deadline_;
+  PeerTable* peers_ = nullptr;
+  OutstandingList accepted_;  ///< every accepted operation until it completes, oldest first
+  Clock::time_point next_deadline_ = Clock::time_point::max();  ///< no accepted deadline is earlier
+  std::atomic<std::size_t> outstanding_{0};
+  std::atomic<std::uint64_t> sequence_{1};
+  Counter completed_, failed_, timed_out_, cancelled_;
+};
+
+template <typename Host>
+bool Ledger::sweep(Clock::time_point now, Reclaimer& reclaimer, Poster& poster, Host& host) {
+  if (now < next_deadline_) return false;
+  next_deadline_ = Clock::time_point::max();
+  std::vector<PeerFlow*> late_peers;
+  std::vector<PeerFlow*> queues;
+  for (Operation* op = accepted_.oldest(); op != nullptr; op = op->newer) {
+    if (op->doom != Doom::none) continue;
+    if (op->deadline > now) {
+      next_deadline_ = std::min(next_deadline_, op->deadline);
+      continue;
+    }
+    PeerFlow& flow = op->peer->flow;
+    if (op->posted) {
+      reclaimer.doom(*op, Doom::deadline);
+      if (!flow.marked) late_peers.push_back(&flow);
+    } else {
+      op->doom = Doom::deadline;  // queued: failed below, in one pass over its queue
+      if (!flow.marked) queues.push_back(&flow);
+    }
+    flow.marked = true;
+  }
+  for (PeerFlow* flow : queues)
+    poster.fail_doomed(*flow, errc::timed_out, "queued for its whole deadline: the peer took no posts in time", host);
+  for (PeerFlow* flow : late_peers) {
+    if (flow->backing_off(now)) continue;
+    poster.mark_unreachable(*flow, now, errc::timed_out,
+                            "the peer did not complete a transfer posted to it within its deadline; this one was "
+                            "queued behind it",
+                            host);
+  }
+  for (PeerFlow* flow : queues)
+    flow->marked = false;
+  for (PeerFlow* flow : late_peers)
+    flow->marked = false;
+  return true;
+}
+
+}  // namespace dma::detail

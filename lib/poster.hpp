@@ -1,0 +1,246 @@
+// The poster: turns the peers' queues into posts. Credits (per peer and for all peers), one
+// transfer per ready peer in turn, FI_MORE on every post with another right behind it, and what a
+// refused post (-FI_EAGAIN) means for its peer: parked until the next drain, and marked
+// unreachable after progress_deadline of refusals. It also replaces a broken connection's AV
+// entry before the peer's next post.
+//
+// The poster owns the scheduling state (the round-robin, the queued and in-flight counts); its
+// Host does the rest: the local descriptor, the libfabric post, the bookkeeping of a posted
+// transfer, a fresh AV entry, and the completion of a transfer that failed here.
+//
+//   std::error_code Host::prepare(Operation&);
+//   ssize_t Host::post(Operation&, fi_addr_t peer, bool more);   // 0, -FI_EAGAIN or an error
+//   void Host::posted(Operation&);
+//   std::error_code Host::refresh(Peer&);
+//   void Host::fail_queued(Operation*, std::error_code, std::string detail);
+#pragma once
+
+#include "counter.hpp"
+#include "peer_flow.hpp"
+#include "peer_table.hpp"
+
+#include <dma/error.hpp>
+
+#include <rdma/fi_errno.h>
+#include <rdma/fi_rma.h>
+
+#include <chrono>
+#include <cstddef>
+#include <string>
+#include <system_error>
+
+namespace dma::detail {
+
+/// fi_writemsg (with FI_DELIVERY_COMPLETE: without it tcp reports a write with a bad key as
+/// successful) or fi_readmsg (fi_read takes no flags, so no FI_MORE) of op to peer.
+inline ssize_t post_rma(fid_ep* endpoint, Operation& op, fi_addr_t peer, bool more) noexcept {
+  iovec iov{op.buffer, op.length};
+  fi_rma_iov rma{op.request.remote_address, op.length, op.request.remote_key};
+  fi_msg_rma msg{};
+  msg.msg_iov = &iov;
+  msg.desc = &op.descriptor;
+  msg.iov_count = 1;
+  msg.addr = peer;
+  msg.rma_iov = &rma;
+  msg.rma_iov_count = 1;
+  msg.context = op.as_context();
+  const std::uint64_t flags = FI_COMPLETION | (more ? FI_MORE : 0);
+  if (op.request.direction == Direction::ToPeer) return fi_writemsg(endpoint, &msg, flags | FI_DELIVERY_COMPLETE);
+  return fi_readmsg(endpoint, &msg, flags);
+}
+
+/// "1s", "250ms", "10µs" or "7ns": the largest unit that divides d.
+std::string duration_text(std::chrono::nanoseconds d);
+
+class Poster {
+ public:
+  struct Limits {
+    std::size_t credits = 1;  ///< per peer
+    std::size_t limit = 1;    ///< all peers together
+    std::chrono::nanoseconds progress_deadline{std::chrono::seconds(1)};
+    std::chrono::nanoseconds backoff{std::chrono::seconds(1)};
+    std::chrono::nanoseconds backoff_max{std::chrono::seconds(30)};
+  };
+
+  void set_limits(const Limits& limits) noexcept { limits_ = limits; }
+
+  /// An accepted transfer joins its peer's queue.
+  void enqueue(PeerFlow& flow, Operation* op) noexcept {
+    flow.queue.push_back(op);
+    ++queued_;
+    if (flow.place == PeerFlow::Place::idle) flows_.ready(flow);
+  }
+
+  /// Posts while credits last. A peer that refuses a post (-FI_EAGAIN) is parked until the next
+  /// call (which follows the next drain, or the next intake); the others go on.
+  template <typename Host>
+  void post_pending(Host& host);
+
+  /// The provider handed back one of flow's posted transfers.
+  void returned(PeerFlow& flow) noexcept {
+    --in_flight_;
+    --flow.in_flight;
+    // Out of the round-robin with work left: its credits were used up, or it waited for this to
+    // replace its address-vector entry. Either way it may post again.
+    if (flow.place == PeerFlow::Place::idle && !flow.queue.empty() && (!flow.refresh || flow.in_flight == 0)) {
+      flows_.ready(flow);
+    }
+  }
+
+  /// Takes a queued op out of its peer's queue (cancellation); false when it is not queued.
+  bool withdraw(Operation* op) noexcept {
+    PeerFlow& flow = op->peer->flow;
+    if (!flow.queue.remove(op)) return false;
+    --queued_;
+    if (flow.queue.empty()) flows_.remove(flow);
+    return true;
+  }
+
+  /// Fails every transfer in flow's queue with ec.
+  template <typename Host>
+  void fail_queue(PeerFlow& flow, std::error_code ec, const std::string& detail, Host& host) {
+    flows_.remove(flow);
+    while (!flow.queue.empty()) {
+      Operation* op = flow.queue.front();
+      dequeue(flow);
+      host.fail_queued(op, ec, detail);
+    }
+  }
+
+  /// Fails the queued transfers of flow that are doomed (past their deadline), in one pass.
+  template <typename Host>
+  void fail_doomed(PeerFlow& flow, std::error_code ec, const std::string& detail, Host& host) {
+    flow.queue.remove_if([](const Operation& op) { return op.doom != Doom::none; },
+                         [&](Operation* op) {
+                           --queued_;
+                           host.fail_queued(op, ec, detail);
+                         });
+    if (flow.queue.empty()) flows_.remove(flow);
+  }
+
+  /// Fails flow's queue with ec and makes its next transfers fail at once for the back-off.
+  template <typename Host>
+  void mark_unreachable(PeerFlow& flow, Clock::time_point now, std::error_code ec, const std::string& detail,
+                        Host& host) {
+    flow.mark_unreachable(now, limits_.backoff, limits_.backoff_max);
+    marked_unreachable_.add();
+    fail_queue(flow, ec, detail, host);
+  }
+
+  /// The flow whose turn it is, or null.
+  const PeerFlow* front() const noexcept { return flows_.front(); }
+  std::size_t in_flight() const noexcept { return in_flight_; }
+  std::size_t queued() const noexcept { return queued_; }
+  bool idle() const noexcept { return in_flight_ == 0 && queued_ == 0; }
+
+  std::uint64_t posted() const noexcept { return posted_.get(); }
+  std::uint64_t eagain() const noexcept { return eagain_.get(); }
+  std::uint64_t reconnects() const noexcept { return reconnects_.get(); }
+  std::uint64_t marked_unreachable() const noexcept { return marked_unreachable_.get(); }
+
+  static Peer& peer_of(PeerFlow& flow) noexcept {
+    return *reinterpret_cast<Peer*>(reinterpret_cast<char*>(&flow) - offsetof(Peer, flow));
+  }
+
+ private:
+  // Pops the flow's front operation; a flow with nothing left leaves the round-robin.
+  void dequeue(PeerFlow& flow) noexcept {
+    (void)flow.queue.pop_front();
+    --queued_;
+    if (flow.queue.empty()) flows_.remove(flow);
+  }
+
+  // The peer's connection broke: its AV entry is replaced before its next post, once none of its
+  // transfers is posted any more (the provider must not see the old entry go while it still holds
+  // transfers on it). Returns whether the flow may post now.
+  template <typename Host>
+  bool reconnect(Peer& peer, Host& host) {
+    PeerFlow& flow = peer.flow;
+    if (flow.in_flight != 0) {
+      flows_.remove(flow);  // rejoins when its last posted transfer comes back
+      return false;
+    }
+    flow.refresh = false;
+    reconnects_.add();
+    if (std::error_code ec = host.refresh(peer)) {
+      fail_queue(flow, ec, "a fresh address-vector entry for the peer", host);
+      return false;
+    }
+    return true;
+  }
+
+  // A post was refused. Past progress_deadline of refusals in a row the peer is marked
+  // unreachable: rxm reports a refused or unanswered connection only this way.
+  template <typename Host>
+  void stalled(PeerFlow& flow, Host& host) {
+    const auto now = Clock::now();
+    if (flow.stalled_since == Clock::time_point{}) flow.stalled_since = now;
+    if (now - flow.stalled_since < limits_.progress_deadline) return flows_.park(flow);
+    if (flow.connected) {
+      mark_unreachable(flow, now, errc::progress_deadline,
+                       "no progress posting for " + duration_text(limits_.progress_deadline) +
+                           ": peer unreachable or transmit queue stuck",
+                       host);
+    } else {
+      mark_unreachable(flow, now, errc::connection_refused,
+                       "no connection within " + duration_text(limits_.progress_deadline), host);
+    }
+  }
+
+  static std::string rc_detail(ssize_t rc, const Operation& op) {
+    return std::string(op.request.direction == Direction::ToPeer ? "fi_writemsg" : "fi_readmsg") + " returned " +
+           std::to_string(rc);
+  }
+
+  Limits limits_;
+  FlowScheduler flows_;
+  std::size_t queued_ = 0;  ///< accepted, not yet posted (in the peers' queues)
+  std::size_t in_flight_ = 0;
+  Counter posted_, eagain_, reconnects_, marked_unreachable_;
+};
+
+template <typename Host>
+void Poster::post_pending(Host& host) {
+  if (flows_.any_parked()) flows_.unpark_all();
+  while (in_flight_ < limits_.limit) {
+    PeerFlow* flow = flows_.front();
+    if (flow == nullptr) return;
+    if (flow->in_flight >= limits_.credits) {
+      flows_.remove(*flow);  // its credits are used up; it rejoins when one comes back
+      continue;
+    }
+    Peer& peer = peer_of(*flow);
+    if (flow->refresh && !reconnect(peer, host)) continue;
+    Operation* op = flow->queue.front();
+    if (std::error_code ec = host.prepare(*op)) {
+      dequeue(*flow);
+      host.fail_queued(op, ec, "preparing the post");
+      continue;
+    }
+    // FI_MORE: the same peer has another transfer behind this one and a credit for it, or another
+    // peer is ready, and the all-peers limit has room for one more.
+    const bool more = ((op->next != nullptr && flow->in_flight + 1 < limits_.credits) || flows_.others_ready(*flow)) &&
+                      in_flight_ + 1 < limits_.limit;
+    const ssize_t rc = host.post(*op, peer.handle, more);
+    if (rc == 0) {
+      dequeue(*flow);
+      op->posted = true;
+      host.posted(*op);
+      ++in_flight_;
+      ++flow->in_flight;
+      posted_.add();
+      flow->stalled_since = {};
+      if (flow->place == PeerFlow::Place::ready) flows_.posted(*flow);
+      continue;
+    }
+    if (rc == -FI_EAGAIN) {
+      eagain_.add();
+      stalled(*flow, host);
+      continue;
+    }
+    dequeue(*flow);
+    host.fail_queued(op, fabric_error(rc), rc_detail(rc, *op));
+  }
+}
+
+}  // namespace dma::detail

@@ -1,0 +1,171 @@
+// The poster against a fake host: credits, turns, FI_MORE, -FI_EAGAIN and stalls.
+#include "poster.hpp"
+#include "../catch.hpp"
+
+#include <array>
+#include <deque>
+#include <string>
+#include <vector>
+
+using dma::detail::Operation;
+using dma::detail::Peer;
+using dma::detail::Poster;
+using namespace std::chrono_literals;
+
+namespace {
+
+struct Posted {
+  Operation* op;
+  fi_addr_t peer;
+  bool more;
+};
+
+// Answers posts from a script (0 when it runs out) and records everything.
+struct Host {
+  std::deque<ssize_t> answers;
+  std::vector<Posted> posts;
+  std::vector<std::pair<Operation*, std::error_code>> failures;
+  int refreshes = 0;
+
+  std::error_code prepare(Operation&) { return {}; }
+  ssize_t post(Operation& op, fi_addr_t peer, bool more) {
+    const ssize_t rc = answers.empty() ? 0 : answers.front();
+    if (!answers.empty()) answers.pop_front();
+    if (rc == 0) posts.push_back({&op, peer, more});
+    return rc;
+  }
+  void posted(Operation&) {}
+  std::error_code refresh(Peer&) {
+    ++refreshes;
+    return {};
+  }
+  void fail_queued(Operation* op, std::error_code ec, const std::string&) { failures.emplace_back(op, ec); }
+};
+
+struct Rig {
+  explicit Rig(std::size_t credits, std::size_t limit = 100, std::chrono::nanoseconds progress = 1h) {
+    poster.set_limits({credits, limit, progress, 1s, 30s});
+    for (std::size_t i = 0; i < peers.size(); ++i)
+      peers[i].handle = 10 + i;
+  }
+  Operation* queue(std::size_t peer) {
+    Operation& op = ops.emplace_back();
+    op.peer = &peers[peer];
+    poster.enqueue(peers[peer].flow, &op);
+    return &op;
+  }
+  Poster poster;
+  std::array<Peer, 2> peers;
+  std::deque<Operation> ops;
+  Host host;
+};
+
+}  // namespace
+
+TEST_CASE("a peer posts up to its credits, with FI_MORE on all but the burst's last", "[unit][poster]") {
+  Rig rig(2);
+  Operation* a = rig.queue(0);
+  Operation* b = rig.queue(0);
+  Operation* c = rig.queue(0);
+  rig.poster.post_pending(rig.host);
+  REQUIRE(rig.host.posts.size() == 2);
+  CHECK(rig.host.posts[0].op == a);
+  CHECK(rig.host.posts[0].more);
+  CHECK(rig.host.posts[1].op == b);
+  CHECK_FALSE(rig.host.posts[1].more);  // no credit left for the one behind it
+  CHECK(rig.poster.in_flight() == 2);
+  CHECK(rig.poster.queued() == 1);
+
+  rig.poster.returned(rig.peers[0].flow);  // a credit comes back
+  rig.poster.post_pending(rig.host);
+  REQUIRE(rig.host.posts.size() == 3);
+  CHECK(rig.host.posts[2].op == c);
+  CHECK(c->posted);
+}
+
+TEST_CASE("ready peers take turns, one transfer each", "[unit][poster]") {
+  Rig rig(4);
+  rig.queue(0);
+  rig.queue(0);
+  rig.queue(1);
+  rig.queue(1);
+  rig.poster.post_pending(rig.host);
+  REQUIRE(rig.host.posts.size() == 4);
+  CHECK(rig.host.posts[0].peer == 10);
+  CHECK(rig.host.posts[1].peer == 11);
+  CHECK(rig.host.posts[2].peer == 10);
+  CHECK(rig.host.posts[3].peer == 11);
+  CHECK(rig.host.posts[2].more);
+  CHECK_FALSE(rig.host.posts[3].more);
+}
+
+TEST_CASE("the all-peers limit holds whatever each peer's credits allow", "[unit][poster]") {
+  Rig rig(4, 3);
+  for (int i = 0; i < 4; ++i) {
+    rig.queue(0);
+    rig.queue(1);
+  }
+  rig.poster.post_pending(rig.host);
+  CHECK(rig.host.posts.size() == 3);
+  CHECK_FALSE(rig.host.posts.back().more);
+}
+
+TEST_CASE("a refused post parks its peer while the others go on", "[unit][poster]") {
+  Rig rig(4);
+  Operation* refused = rig.queue(0);
+  rig.queue(1);
+  rig.host.answers = {-FI_EAGAIN};
+  rig.poster.post_pending(rig.host);
+  REQUIRE(rig.host.posts.size() == 1);
+  CHECK(rig.host.posts[0].peer == 11);
+  CHECK(rig.poster.eagain() == 1);
+  CHECK_FALSE(refused->posted);
+
+  rig.poster.post_pending(rig.host);  // the next pass tries the parked peer again
+  REQUIRE(rig.host.posts.size() == 2);
+  CHECK(rig.host.posts[1].op == refused);
+  CHECK(rig.peers[0].flow.stalled_since == dma::detail::Clock::time_point{});
+}
+
+TEST_CASE("refusals for progress_deadline mark the peer unreachable and fail its queue", "[unit][poster]") {
+  Rig rig(4, 100, 0ns);
+  Operation* a = rig.queue(0);
+  Operation* b = rig.queue(0);
+  rig.host.answers = {-FI_EAGAIN};
+  rig.poster.post_pending(rig.host);
+  REQUIRE(rig.host.failures.size() == 2);
+  CHECK(rig.host.failures[0] == std::pair{a, make_error_code(dma::errc::connection_refused)});
+  CHECK(rig.host.failures[1].first == b);
+  CHECK(rig.poster.marked_unreachable() == 1);
+  CHECK(rig.peers[0].flow.refresh);
+  CHECK(rig.poster.idle());
+}
+
+TEST_CASE("a broken connection gets a fresh AV entry once its posted transfers are back", "[unit][poster]") {
+  Rig rig(4);
+  rig.queue(0);
+  rig.poster.post_pending(rig.host);
+  REQUIRE(rig.host.posts.size() == 1);
+  rig.peers[0].flow.refresh = true;  // its connection broke
+  Operation* next = rig.queue(0);
+  rig.poster.post_pending(rig.host);
+  CHECK(rig.host.posts.size() == 1);  // waits: one of its transfers is still posted
+  CHECK(rig.host.refreshes == 0);
+  rig.poster.returned(rig.peers[0].flow);
+  rig.poster.post_pending(rig.host);
+  CHECK(rig.host.refreshes == 1);
+  REQUIRE(rig.host.posts.size() == 2);
+  CHECK(rig.host.posts[1].op == next);
+  CHECK(rig.poster.reconnects() == 1);
+}
+
+TEST_CASE("any other post error fails that transfer and the rest still post", "[unit][poster]") {
+  Rig rig(4);
+  Operation* bad = rig.queue(0);
+  rig.queue(0);
+  rig.host.answers = {-FI_EINVAL};
+  rig.poster.post_pending(rig.host);
+  REQUIRE(rig.host.failures.size() == 1);
+  CHECK(rig.host.failures[0].first == bad);
+  CHECK(rig.host.posts.size() == 1);
+}

@@ -14,11 +14,6 @@
 namespace dma::detail {
 namespace {
 
-// Neither a service nor a Target posts a receive: rxm's queue of posted receives (2048 entries, two
-// queues, all touched when the endpoint opens) only costs memory. The transmit queue stays the
-// provider's, since it bounds a service's credits.
-constexpr std::size_t rma_only_rx_size = 16;
-
 // Before 1.18, tcp offers RDM only through rxm; naming the layering keeps fi_getinfo from ever
 // resolving to `net`, whose wait fd stays readable while idle.
 std::string hinted_provider_name(Provider provider) {
@@ -37,9 +32,8 @@ void set_hints(fi_info& hints, Provider provider) {
   hints.fabric_attr->prov_name = strdup(hinted_provider_name(provider).c_str());
   if (const auto fabric = fabric_name(provider)) hints.fabric_attr->name = strdup(std::string(*fabric).c_str());
   if (provider == Provider::efa_direct) hints.mode |= FI_CONTEXT2;  // efa-direct requires it
-  // Neither role posts receives on tcp; shm's receive queue is its queue of incoming RMA commands
-  // and keeps its size.
-  if (provider == Provider::tcp) hints.rx_attr->size = rma_only_rx_size;
+  // rx_attr->size stays the provider's: with a tiny receive queue (16), rxm 1.17 over tcp crashed
+  // in fi_close of an endpoint replaced while a peer was frozen (docs/notes/performance.md).
 }
 
 struct ProcessState {

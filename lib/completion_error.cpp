@@ -1,5 +1,9 @@
 #include "completion_error.hpp"
 
+#include <dma/error.hpp>
+
+#include <asio/error.hpp>
+
 #include <rdma/fi_errno.h>
 
 #include <cerrno>
@@ -12,6 +16,26 @@ bool connection_error(int err) noexcept {
 }
 
 bool unreachable_error(int err) noexcept { return err == FI_EHOSTUNREACH || err == FI_ENETUNREACH; }
+
+std::error_code doom_error(Doom doom) noexcept {
+  switch (doom) {
+    case Doom::deadline:
+      return errc::timed_out;
+    case Doom::cancelled:
+      return asio::error::operation_aborted;
+    default:
+      return errc::shutdown;
+  }
+}
+
+ErrorSort sort_error(int err, Doom doom) noexcept {
+  if (doom != Doom::none) return {doom_error(doom), ErrorSort::PeerFate::untouched};
+  // A broken connection says nothing of the peer's health (a rejected transfer tears the
+  // connection down too): no back-off, the next transfer reconnects at once.
+  if (connection_error(err)) return {errc::connection_lost, ErrorSort::PeerFate::reconnect};
+  if (unreachable_error(err)) return {fabric_error(err), ErrorSort::PeerFate::unreachable};
+  return {fabric_error(err), ErrorSort::PeerFate::untouched};
+}
 
 std::string error_detail(fid_cq* cq, const fi_cq_err_entry& entry, bool describe_provider) {
   std::string detail = "completion error: " + std::string(fi_strerror(entry.err)) +

@@ -1,10 +1,17 @@
-// What an error completion means: the classes of libfabric errors the engine treats alike, and
-// the detail text a failed transfer carries.
+// What an error completion means: the classes of libfabric errors the engine treats alike, the
+// error a failed transfer reports, what it says of its peer, and the detail text it carries.
+// Sorting is pure (sort_error); finish_failed() applies a sort to the transfer and its peer.
 #pragma once
+
+#include "ledger.hpp"
+#include "poster.hpp"
+
+#include <dma/detail/operation.hpp>
 
 #include <rdma/fi_eq.h>
 
 #include <string>
+#include <system_error>
 
 namespace dma::detail {
 
@@ -15,10 +22,45 @@ bool connection_error(int err) noexcept;
 /// The provider says the peer cannot be reached at all: back off as after a refused connection.
 bool unreachable_error(int err) noexcept;
 
+/// The error a transfer doomed for `doom` completes with: timed_out, operation_aborted or shutdown.
+std::error_code doom_error(Doom doom) noexcept;
+
+/// What an error completion means for its transfer and its peer.
+struct ErrorSort {
+  enum class PeerFate : std::uint8_t {
+    untouched,    ///< a doomed transfer, or an error that says nothing of the peer
+    reconnect,    ///< the connection broke: the next transfer reconnects at once, without back-off
+    unreachable,  ///< the peer cannot be reached: mark it unreachable unless it backs off already
+  };
+  std::error_code ec;
+  PeerFate peer = PeerFate::untouched;
+};
+
+/// Sorts an error completion with libfabric error err of a transfer doomed for `doom` (or not):
+/// a doomed transfer reports its doom whatever the provider says.
+ErrorSort sort_error(int err, Doom doom) noexcept;
+
 /// "completion error: <fi_strerror> (err=…, prov_errno=…)", plus fi_cq_strerror's text when
 /// describe_provider is set. rxm reads the endpoint's state to format an entry, so it must not be
 /// set for an entry a closed endpoint returned. err_data stays valid only until the next read of
 /// cq: call this at once.
 std::string error_detail(fid_cq* cq, const fi_cq_err_entry& entry, bool describe_provider);
+
+/// Completes op, which the provider handed back with the error entry, by its sort; a peer found
+/// unreachable has its queue failed too (through host, a Poster host).
+template <typename Host>
+void finish_failed(Operation* op, const fi_cq_err_entry& entry, std::string detail, Ledger& ledger, Poster& poster,
+                   Host& host) {
+  const ErrorSort sort = sort_error(entry.err, op->doom);
+  PeerFlow& flow = op->peer->flow;
+  if (sort.peer == ErrorSort::PeerFate::reconnect) {
+    flow.refresh = true;
+    flow.connected = false;
+  } else if (sort.peer == ErrorSort::PeerFate::unreachable) {
+    const auto now = Clock::now();
+    if (!flow.backing_off(now)) poster.mark_unreachable(flow, now, sort.ec, detail, host);
+  }
+  ledger.finish(op, sort.ec, entry.prov_errno, std::move(detail));
+}
 
 }  // namespace dma::detail

@@ -15,6 +15,7 @@
 
 #include <dma/configuration.hpp>
 #include <dma/detail/block_pool.hpp>
+#include <dma/metrics.hpp>
 
 #include <asio/bind_allocator.hpp>
 #include <asio/error.hpp>
@@ -37,6 +38,16 @@ namespace dma::detail {
 /// The watcher's counters (Metrics fields of the same names).
 struct CqCounters {
   Counter cq_reads, fd_wakeups, spin_hits, armed_late, backstop_hits, queue_errors;
+
+  /// Copies them into their Metrics fields (queue_errors adds to what is there).
+  void report(Metrics& m) const noexcept {
+    m.cq_reads = cq_reads.get();
+    m.fd_wakeups = fd_wakeups.get();
+    m.spin_hits = spin_hits.get();
+    m.armed_late = armed_late.get();
+    m.backstop_hits = backstop_hits.get();
+    m.queue_errors += queue_errors.get();
+  }
 };
 
 /// What a drained completion is, for a host that batches: another completion of the same drain

@@ -6,11 +6,15 @@
 //   Registrar    lib/registrar.*       local descriptors, the registration cache, MR closes
 //   CqWatcher    lib/cq_watcher.hpp    the drain, fi_trywait, the fd, the backstop, the wait policy
 //   Reclaimer    lib/reclaimer.*       posted transfers the provider will not return by itself
-//   Ledger       lib/ledger.hpp        accepted transfers, their one exit each, their deadlines
+//   Ledger       lib/ledger.hpp        accepting, each transfer's one exit, deadlines, cancels
+//   (sorting)    lib/completion_error.* what an error completion means for its transfer and peer
+//   Shutdown     lib/shutdown.hpp      the grace period, the flush, the close, the abandon
+//   AddressHistory lib/address_history.hpp  every local address so far, the current one last
 //
-// The engine itself accepts transfers, sorts error completions, cancels, and shuts down.
+// The engine itself sets the parts up, wires them together, accepts transfers, and runs the passes.
 #include "dma/detail/engine.hpp"
 
+#include "address_history.hpp"
 #include "completion_error.hpp"
 #include "counter.hpp"
 #include "cq_watcher.hpp"
@@ -20,6 +24,7 @@
 #include "poster.hpp"
 #include "reclaimer.hpp"
 #include "registrar.hpp"
+#include "shutdown.hpp"
 
 #include <dma/advertisement.hpp>
 #include <dma/detail/block_pool.hpp>
@@ -30,8 +35,6 @@
 #include <asio/io_context.hpp>
 #include <asio/post.hpp>
 
-#include <deque>
-#include <mutex>
 #include <optional>
 
 namespace dma::detail {
@@ -41,20 +44,12 @@ namespace {
 // another one's handler (a strand dispatched inline), so each restores the one it found.
 thread_local const DrainPlace* current_drain = nullptr;
 
-std::error_code doom_error(Doom doom) noexcept {
-  switch (doom) {
-    case Doom::deadline:
-      return errc::timed_out;
-    case Doom::cancelled:
-      return asio::error::operation_aborted;
-    default:
-      return errc::shutdown;
-  }
-}
-
-std::error_code check(const Configuration& c) {
+std::error_code check(const Configuration& c, std::string& what) {
   if (c.unreachable_backoff_max < c.unreachable_backoff || c.unreachable_backoff.count() < 0 ||
       c.transfer_deadline.count() <= 0 || c.progress_deadline.count() <= 0) {
+    what =
+        "transfer_deadline and progress_deadline must be positive, and 0 <= unreachable_backoff <= "
+        "unreachable_backoff_max";
     return errc::invalid_configuration;
   }
   return {};
@@ -79,42 +74,22 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
         ledger_(configuration.transfer_deadline),
         reclaimer_([this](std::error_code& ec) { return endpoint_.replace_endpoint(ec); }),
         watcher_(strand_, configuration_, WaitPolicy::WithoutFd::poll),
-        shutdown_timer_(strand_) {}
+        shutdown_(strand_, configuration_.progress_deadline,
+                  {endpoint_, peers_, registrar_, ledger_, reclaimer_, poster_, intake_, watcher_}) {}
 
-  ~EngineImpl() override { abandon(); }
+  ~EngineImpl() override { shutdown_.abandon(); }
 
   void open(std::error_code& ec, std::string& what) {
-    if ((ec = check(configuration_))) {
-      what =
-          "transfer_deadline and progress_deadline must be positive, and 0 <= unreachable_backoff <= "
-          "unreachable_backoff_max";
-      return;
-    }
+    if ((ec = check(configuration_, what))) return;
     endpoint_.open(configuration_, ec);
     if (ec) {
       what = endpoint_.failed_step();
       return;
     }
-    const auto& c = configuration_;
-    const std::size_t credits = endpoint_.credits();
-    poster_.set_limits({credits, std::max(credits, endpoint_.in_flight_limit()), c.progress_deadline,
-                        c.unreachable_backoff, c.unreachable_backoff_max});
-    registrar_.open({endpoint_.domain(),
-                     endpoint_.requires_local_mr(),
-                     (endpoint_.describe().mr_mode & FI_MR_PROV_KEY) != 0,
-                     {c.registration_cache_entries, c.registration_cache_bytes},
-                     [this](const void* base, std::size_t length, std::uint64_t key, std::error_code& e) {
-                       return endpoint_.register_memory(base, length, FI_READ | FI_WRITE, key, e);
-                     }});
-    addresses_.push_back(endpoint_.local_address());
-    ledger_.bind(&peers_.emplace(
-        endpoint_.addr_format(),
-        [this](std::span<const std::uint8_t> address, fi_addr_t& handle) {
-          std::error_code insert_ec;
-          handle = endpoint_.insert_address(address, insert_ec);
-          return insert_ec;
-        },
-        [this](fi_addr_t handle) { (void)endpoint_.remove_address(handle); }, PeerTable::Validation::addresses));
+    poster_.set_limits(Poster::limits_for(endpoint_, configuration_));
+    registrar_.open(Registrar::setup_for(endpoint_, configuration_));
+    addresses_.push(endpoint_.local_address());
+    ledger_.bind(&PeerTable::open_for(peers_, endpoint_));
     watcher_.attach(endpoint_.fabric(), endpoint_.cq(), endpoint_.wait_fd());
   }
 
@@ -142,36 +117,43 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
     });
   }
   void shutdown() override {
-    asio::post(strand_, [self = shared_from_this()] { self->begin_shutdown(); });
+    asio::post(strand_, [self = shared_from_this()] { self->shutdown_.begin(*self); });
   }
 
   std::size_t outstanding() const noexcept override { return ledger_.outstanding(); }
-  // Replacing the endpoint changes the address; earlier ones stay valid for spans already handed out.
-  const std::vector<std::uint8_t>& local_address() const noexcept override {
-    std::lock_guard lock(address_mutex_);
-    return addresses_.back();
-  }
+  const std::vector<std::uint8_t>& local_address() const noexcept override { return addresses_.current(); }
   EndpointInfo describe() const override { return endpoint_.describe(); }
   const Configuration& configuration() const noexcept override { return configuration_; }
   asio::any_io_executor strand() const noexcept override { return strand_; }
-  Metrics metrics() const noexcept override;
+  Metrics metrics() const noexcept override {
+    Metrics m;
+    poster_.report(m);
+    ledger_.report(m);
+    watcher_.counters().report(m);
+    registrar_.report(m);
+    reclaimer_.report(m);
+    m.joined_pass = joined_pass_.get();
+    m.context_less_errors = context_less_errors_.get();
+    m.queue_errors += queue_errors_.get();
+    return m;
+  }
 
   // ---- strand --------------------------------------------------------------------------------
   std::error_code insert_peer(std::uint64_t client_id, std::span<const std::uint8_t> address) override {
-    if (!peers_ || stopping_) return errc::not_open;
+    if (!peers_ || shutdown_.stopping()) return errc::not_open;
     std::error_code ec;
     (void)peers_->insert(client_id, address, ec);
     return ec;
   }
   std::error_code pin(std::uintptr_t base, std::size_t length, std::shared_ptr<void> keep_alive) override {
-    if (closed_ || !peers_) return errc::not_open;
+    if (shutdown_.closed() || !peers_) return errc::not_open;
     return registrar_.pin(base, length, std::move(keep_alive));
   }
 
   // The watcher's waits land here.
   void on_cq_event(CqEvent event) {
     watcher_.accept(event);
-    if (closed_) return;  // a polling pass posted before the endpoint closed: the CQ is gone
+    if (shutdown_.closed()) return;  // a polling pass posted before the endpoint closed: the CQ is gone
     if (event != CqEvent::backstop) return progress(event == CqEvent::poll);
     if (reap() != 0) watcher_.backstop_found();
     if (ledger_.sweep(Clock::now(), reclaimer_, poster_, *this)) reclaim();
@@ -197,7 +179,18 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
     const PeerFlow* flow = poster_.front();
     if (flow != nullptr && flow->queue.front()->length >= eager_post_bytes) post_pending();
   }
-  int failed(fid_cq* cq, const fi_cq_err_entry& entry);
+  // Returns 1 when it completed an operation, 0 for an entry without one.
+  int failed(fid_cq* cq, const fi_cq_err_entry& entry) {
+    place_ = DrainPlace::last;
+    if (entry.op_context == nullptr) {
+      context_less_errors_.add();  // an endpoint-level fault: nothing to complete or dereference
+      return 0;
+    }
+    Operation* op = Operation::from_context(entry.op_context);
+    returned(op);
+    finish_failed(op, entry, error_detail(cq, entry, !reclaimer_.closed(*op)), ledger_, poster_, *this);
+    return 1;
+  }
 
   // The poster's host.
   std::error_code prepare(Operation& op) {
@@ -240,21 +233,8 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
   }
 
   void accept(Operation* op) {
-    if (stopping_) return ledger_.refuse(op, errc::shutdown);
-    if (op->request.peer_address.oversized()) return ledger_.refuse(op, errc::address_length);
-    if (std::error_code ec = op->functions->resolve(*op)) return ledger_.refuse(op, ec);
-    std::error_code ec;
-    Peer* peer = peers_->acquire(op->request.client_id, op->request.peer_address, ec);
-    if (peer == nullptr) return ledger_.refuse(op, ec);
-    op->peer = peer;
-    ledger_.accept(op, accept_clock_);
-    if (peer->flow.backing_off(accept_clock_)) {
-      const auto left =
-          std::chrono::duration_cast<std::chrono::nanoseconds>(peer->flow.unreachable_until - accept_clock_);
-      return ledger_.finish(op, errc::peer_unreachable, 0,
-                            "the peer was marked unreachable; retried after " + duration_text(left));
-    }
-    poster_.enqueue(peer->flow, op);
+    if (shutdown_.stopping()) return ledger_.refuse(op, errc::shutdown);
+    ledger_.admit(op, accept_clock_, poster_);
   }
 
   void post_pending() {
@@ -265,9 +245,9 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
   // After any activity: make sure something will look at the CQ again, and that the backstop
   // (which also runs the deadline sweep) ticks while anything is outstanding.
   void schedule_progress(bool poll_again = false) {
-    if (closed_) return;
+    if (shutdown_.closed()) return;
     if (poster_.idle()) {
-      if (stopping_) return close();
+      if (shutdown_.stopping()) return shutdown_.close(*this);
       return release_waits();
     }
     auto self = shared_from_this();
@@ -346,7 +326,11 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
   }
 
   // ---- cancellation, reclaiming -------------------------------------------------------------
-  void cancel_outstanding(Operation* op, std::uint64_t sequence);
+  void cancel_outstanding(Operation* op, std::uint64_t sequence) {
+    const Ledger::Cancelled cancelled = ledger_.cancel(op, sequence, poster_, reclaimer_);
+    if (cancelled == Ledger::Cancelled::finished) schedule_progress();
+    if (cancelled == Ledger::Cancelled::doomed) reclaim();
+  }
 
   // Lets the reclaimer replace or close endpoints, through a reaper pass: a closed endpoint has
   // handed its transfers to its CQ by the time fi_close returns, and they complete in that pass.
@@ -362,23 +346,14 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
     const std::uint64_t before = reclaimer_.replacements();
     const bool closed_one = reclaimer_.step(ec);
     if (reclaimer_.replacements() != before) {
-      // New address, new CQ, new wait fd.
-      {
-        std::lock_guard lock(address_mutex_);
-        addresses_.push_back(endpoint_.local_address());
-      }
+      addresses_.push(endpoint_.local_address());  // new address, new CQ, new wait fd
       watcher_.attach(endpoint_.fabric(), endpoint_.cq(), endpoint_.wait_fd());
     }
     if (ec) queue_errors_.add();  // no fresh endpoint: the doomed transfers wait for the next try
     return closed_one;
   }
 
-  // ---- shutdown ------------------------------------------------------------------------------
-  void begin_shutdown();
-  void flush_and_close();
-  void close();
-  void abandon() noexcept;
-  void close_everything() noexcept;
+  friend class Shutdown<Watcher, Timer>;
 
   Configuration configuration_;
   strand_type strand_;
@@ -390,180 +365,16 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
   Poster poster_;
   Intake intake_;
   Watcher watcher_;
-  Timer shutdown_timer_;
-  mutable std::mutex address_mutex_;
-  std::deque<std::vector<std::uint8_t>> addresses_;  ///< every local address so far, the current one last
+  Shutdown<Watcher, Timer> shutdown_;
+  AddressHistory addresses_;
 
   Clock::time_point accept_clock_{};
   std::chrono::nanoseconds stall_retry_ = std::chrono::milliseconds(1);
   DrainPlace place_ = DrainPlace::last;  ///< of the completion being delivered, inside a drain
   bool reaping_ = false;
   bool reclaim_due_ = false;  ///< a replaced endpoint holds only doomed transfers now
-  bool stopping_ = false;
-  bool closed_ = false;
   Counter joined_pass_, context_less_errors_, queue_errors_;
 };
-
-template <typename Inner>
-Metrics EngineImpl<Inner>::metrics() const noexcept {
-  Metrics m;
-  m.posted = poster_.posted();
-  m.completed = ledger_.completed();
-  m.failed = ledger_.failed();
-  m.eagain = poster_.eagain();
-  const CqCounters& cq = watcher_.counters();
-  m.cq_reads = cq.cq_reads.get();
-  m.fd_wakeups = cq.fd_wakeups.get();
-  m.spin_hits = cq.spin_hits.get();
-  m.armed_late = cq.armed_late.get();
-  m.backstop_hits = cq.backstop_hits.get();
-  m.joined_pass = joined_pass_.get();
-  m.context_less_errors = context_less_errors_.get();
-  m.queue_errors = queue_errors_.get() + cq.queue_errors.get();
-  m.registrations = registrar_.registrations();
-  m.timed_out = ledger_.timed_out();
-  m.cancelled = ledger_.cancelled();
-  m.peers_marked_unreachable = poster_.marked_unreachable();
-  m.reconnects = poster_.reconnects();
-  m.endpoint_replacements = reclaimer_.replacements();
-  const CacheStats cache = registrar_.cache_stats();
-  m.cache_hits = cache.hits;
-  m.cache_misses = cache.misses;
-  m.cache_evictions = cache.evictions;
-  m.cache_entries = cache.entries;
-  m.cache_bytes = cache.bytes;
-  return m;
-}
-
-// Returns 1 when it completed an operation, 0 for an entry without one.
-template <typename Inner>
-int EngineImpl<Inner>::failed(fid_cq* cq, const fi_cq_err_entry& entry) {
-  place_ = DrainPlace::last;
-  if (entry.op_context == nullptr) {
-    context_less_errors_.add();  // an endpoint-level fault: nothing to complete or dereference
-    return 0;
-  }
-  Operation* op = Operation::from_context(entry.op_context);
-  returned(op);
-  std::string detail = error_detail(cq, entry, !reclaimer_.closed(*op));
-  if (op->doom != Doom::none) {
-    ledger_.finish(op, doom_error(op->doom), entry.prov_errno, std::move(detail));
-    return 1;
-  }
-  PeerFlow& flow = op->peer->flow;
-  if (connection_error(entry.err)) {
-    // Says nothing of the peer's health (a rejected transfer tears the connection down too): no
-    // back-off, the next transfer reconnects at once.
-    flow.refresh = true;
-    flow.connected = false;
-    ledger_.finish(op, errc::connection_lost, entry.prov_errno, std::move(detail));
-    return 1;
-  }
-  std::error_code ec = fabric_error(entry.err);
-  const auto now = Clock::now();
-  if (unreachable_error(entry.err) && !flow.backing_off(now)) poster_.mark_unreachable(flow, now, ec, detail, *this);
-  ledger_.finish(op, ec, entry.prov_errno, std::move(detail));
-  return 1;
-}
-
-template <typename Inner>
-void EngineImpl<Inner>::cancel_outstanding(Operation* op, std::uint64_t sequence) {
-  // Compare before dereferencing: op may be long gone, and its address reused.
-  if (!ledger_.holds(op, sequence) || op->doom != Doom::none) return;
-  if (!op->posted) {
-    (void)poster_.withdraw(op);
-    ledger_.finish(op, asio::error::operation_aborted);
-    return schedule_progress();
-  }
-  reclaimer_.doom(*op, Doom::cancelled);
-  reclaim();
-}
-
-// Fails what was never posted, gives posted transfers progress_deadline to finish, then hands back
-// the rest by closing the endpoints.
-template <typename Inner>
-void EngineImpl<Inner>::begin_shutdown() {
-  if (stopping_) return;
-  stopping_ = true;
-  OperationQueue batch = intake_.take_waiting();
-  while (Operation* op = batch.pop_front())
-    ledger_.refuse(op, errc::shutdown);
-  while (Operation* op = intake_.pop_joined())
-    ledger_.refuse(op, errc::shutdown);
-  std::vector<PeerFlow*> queues;
-  for (Operation* op = ledger_.oldest(); op != nullptr; op = op->newer) {
-    if (op->posted || op->peer->flow.marked) continue;
-    op->peer->flow.marked = true;
-    queues.push_back(&op->peer->flow);
-  }
-  for (PeerFlow* flow : queues) {
-    flow->marked = false;
-    poster_.fail_queue(*flow, errc::shutdown, "never posted", *this);
-  }
-  if (poster_.idle()) return close();
-  shutdown_timer_.expires_after(configuration_.progress_deadline);
-  shutdown_timer_.async_wait([self = shared_from_this()](std::error_code ec) {
-    if (!ec && !self->closed_) self->flush_and_close();
-  });
-  schedule_progress();
-}
-
-// Posted operations that outlived the grace period: closing the endpoints makes the provider hand
-// every one of them back (FI_ECANCELED), and only then is their memory released.
-template <typename Inner>
-void EngineImpl<Inner>::flush_and_close() {
-  for (Operation* op = ledger_.oldest(); op != nullptr; op = op->newer)
-    reclaimer_.doom(*op, Doom::shutdown);
-  reclaimer_.close_all();
-  endpoint_.close_endpoint();
-  for (int round = 0; round < 100 && poster_.in_flight() > 0; ++round)
-    (void)drain_cqs();
-  close();
-}
-
-template <typename Inner>
-void EngineImpl<Inner>::close() {
-  if (closed_) return;
-  closed_ = true;
-  watcher_.close();
-  shutdown_timer_.cancel();
-  reclaimer_.close_all();
-  endpoint_.close_endpoint();
-  // Whatever the provider never handed back cannot come back now; the CQs close below.
-  while (Operation* op = ledger_.oldest()) {
-    if (op->posted) returned(op);
-    ledger_.finish(op, doom_error(op->doom == Doom::none ? Doom::shutdown : op->doom), 0,
-                   "the provider never returned it");
-  }
-  close_everything();
-}
-
-// The execution context is going away with work still posted: flush and free without invoking.
-template <typename Inner>
-void EngineImpl<Inner>::abandon() noexcept {
-  watcher_.detach();
-  if (endpoint_.cq() == nullptr) return;
-  OperationQueue batch = intake_.take_waiting();
-  while (Operation* op = batch.pop_front())
-    op->functions->destroy(op);
-  while (Operation* op = intake_.pop_joined())
-    op->functions->destroy(op);
-  reclaimer_.close_all();
-  endpoint_.close_endpoint();
-  ledger_.destroy_all();  // the endpoints are closed: the provider holds none of these any more
-  close_everything();
-}
-
-// Replaced endpoints' queues, AV entries, MRs (every MR of this domain closes before the domain
-// does), then the endpoint's objects.
-template <typename Inner>
-void EngineImpl<Inner>::close_everything() noexcept {
-  reclaimer_.clear();
-  if (peers_) peers_->clear();
-  peers_.reset();
-  registrar_.release();
-  endpoint_.close();
-}
 
 }  // namespace
 

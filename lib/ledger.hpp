@@ -9,6 +9,7 @@
 #include "reclaimer.hpp"
 
 #include <dma/error.hpp>
+#include <dma/metrics.hpp>
 
 #include <asio/error.hpp>
 
@@ -37,11 +38,45 @@ class Ledger {
     if (op->deadline < next_deadline_) next_deadline_ = op->deadline;
     accepted_.push_back(op);
   }
+  /// Accepts a submitted op at `now` into its peer's queue in the poster, or completes it at once:
+  /// refused for an oversized address, an operand that does not resolve or a peer that cannot be
+  /// inserted, failed (accepted first) while its peer backs off.
+  void admit(Operation* op, Clock::time_point now, Poster& poster) {
+    if (op->request.peer_address.oversized()) return refuse(op, errc::address_length);
+    if (std::error_code ec = op->functions->resolve(*op)) return refuse(op, ec);
+    std::error_code ec;
+    Peer* peer = peers_->acquire(op->request.client_id, op->request.peer_address, ec);
+    if (peer == nullptr) return refuse(op, ec);
+    op->peer = peer;
+    accept(op, now);
+    if (peer->flow.backing_off(now)) {
+      const auto left = std::chrono::duration_cast<std::chrono::nanoseconds>(peer->flow.unreachable_until - now);
+      return finish(op, errc::peer_unreachable, 0,
+                    "the peer was marked unreachable; retried after " + duration_text(left));
+    }
+    poster.enqueue(peer->flow, op);
+  }
   /// Whether op (compared by address before anything is read through it) is accepted with sequence.
   bool holds(const Operation* op, std::uint64_t sequence) const noexcept {
     return accepted_.contains(op) && op->sequence == sequence;
   }
   Operation* oldest() const noexcept { return accepted_.oldest(); }
+
+  /// What cancel() did.
+  enum class Cancelled : std::uint8_t { nothing, finished, doomed };
+  /// Cancels op, compared by address before anything is read through it (op may be long gone, and
+  /// its address reused): a queued one completes at once with operation_aborted, a posted one is
+  /// doomed for the reclaimer to hand back. Nothing for one completed or doomed already.
+  Cancelled cancel(Operation* op, std::uint64_t sequence, Poster& poster, Reclaimer& reclaimer) {
+    if (!holds(op, sequence) || op->doom != Doom::none) return Cancelled::nothing;
+    if (!op->posted) {
+      (void)poster.withdraw(op);
+      finish(op, asio::error::operation_aborted);
+      return Cancelled::finished;
+    }
+    reclaimer.doom(*op, Doom::cancelled);
+    return Cancelled::doomed;
+  }
 
   void finish(Operation* op, std::error_code ec, int provider_errno = 0, std::string detail = {}) {
     if (!ec) return succeed(op);
@@ -85,6 +120,13 @@ class Ledger {
   std::uint64_t failed() const noexcept { return failed_.get(); }
   std::uint64_t timed_out() const noexcept { return timed_out_.get(); }
   std::uint64_t cancelled() const noexcept { return cancelled_.get(); }
+  /// Copies its counters into their Metrics fields.
+  void report(Metrics& m) const noexcept {
+    m.completed = completed();
+    m.failed = failed();
+    m.timed_out = timed_out();
+    m.cancelled = cancelled();
+  }
 
  private:
   // now + d without overflow; no_deadline (or anything past the clock's range) never fires.

@@ -29,6 +29,17 @@ std::size_t PeerTable::IdentityHash::operator()(std::string_view identity) const
   return std::hash<std::string_view>{}(identity);
 }
 
+PeerTable& PeerTable::open_for(std::optional<PeerTable>& table, Endpoint& endpoint) {
+  return table.emplace(
+      endpoint.addr_format(),
+      [&endpoint](std::span<const std::uint8_t> address, fi_addr_t& handle) {
+        std::error_code insert_ec;
+        handle = endpoint.insert_address(address, insert_ec);
+        return insert_ec;
+      },
+      [&endpoint](fi_addr_t handle) { (void)endpoint.remove_address(handle); }, Validation::addresses);
+}
+
 PeerTable::PeerTable(std::uint32_t addr_format, InsertFn insert, RemoveFn remove, Validation validation)
     : addr_format_(addr_format),
       efa_(addr_format == FI_ADDR_EFA),

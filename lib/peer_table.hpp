@@ -4,6 +4,8 @@
 
 #include "peer_flow.hpp"
 
+#include <dma/endpoint.hpp>
+
 #include <rdma/fabric.h>
 
 #include <algorithm>
@@ -36,6 +38,10 @@ static_assert(std::is_standard_layout_v<Peer>, "the engine finds a Peer from its
 
 class PeerTable {
  public:
+  /// Emplaces into `table` the peer table of an open endpoint's AV, validating addresses; it
+  /// inserts and removes through endpoint, which must outlive it.
+  static PeerTable& open_for(std::optional<PeerTable>& table, Endpoint& endpoint);
+
   /// Inserts one address into the AV; returns the handle or an error.
   using InsertFn = std::function<std::error_code(std::span<const std::uint8_t> address, fi_addr_t& handle)>;
   /// Removes one handle from the AV (failures are the callee's to log).

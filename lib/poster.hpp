@@ -19,7 +19,10 @@
 #include "peer_flow.hpp"
 #include "peer_table.hpp"
 
+#include <dma/configuration.hpp>
+#include <dma/endpoint.hpp>
 #include <dma/error.hpp>
+#include <dma/metrics.hpp>
 
 #include <rdma/fi_errno.h>
 #include <rdma/fi_rma.h>
@@ -61,6 +64,9 @@ class Poster {
     std::chrono::nanoseconds backoff{std::chrono::seconds(1)};
     std::chrono::nanoseconds backoff_max{std::chrono::seconds(30)};
   };
+
+  /// An open endpoint's credits and in-flight limit, with the configuration's deadlines.
+  static Limits limits_for(const Endpoint& endpoint, const Configuration& configuration) noexcept;
 
   void set_limits(const Limits& limits) noexcept { limits_ = limits; }
 
@@ -137,6 +143,13 @@ class Poster {
   std::uint64_t eagain() const noexcept { return eagain_.get(); }
   std::uint64_t reconnects() const noexcept { return reconnects_.get(); }
   std::uint64_t marked_unreachable() const noexcept { return marked_unreachable_.get(); }
+  /// Copies its counters into their Metrics fields.
+  void report(Metrics& m) const noexcept {
+    m.posted = posted();
+    m.eagain = eagain();
+    m.peers_marked_unreachable = marked_unreachable();
+    m.reconnects = reconnects();
+  }
 
   static Peer& peer_of(PeerFlow& flow) noexcept {
     return *reinterpret_cast<Peer*>(reinterpret_cast<char*>(&flow) - offsetof(Peer, flow));

@@ -10,6 +10,7 @@
 #include <dma/detail/fid.hpp>
 #include <dma/detail/operation.hpp>
 #include <dma/endpoint.hpp>
+#include <dma/metrics.hpp>
 
 #include <rdma/fi_endpoint.h>
 
@@ -78,6 +79,8 @@ class Reclaimer {
   std::size_t retiring() const noexcept { return retiring_.size(); }
   std::uint64_t replacements() const noexcept { return replacements_; }
   std::size_t current_doomed() const noexcept { return current_.doomed; }
+  /// Copies its counter into its Metrics field.
+  void report(Metrics& m) const noexcept { m.endpoint_replacements = replacements_; }
 
  private:
   struct Generation {

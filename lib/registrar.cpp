@@ -70,6 +70,16 @@ std::shared_ptr<Registration> Registrar::register_range(std::uintptr_t base, std
   return std::make_shared<Registration>(std::move(mr), closer_, std::move(keep_alive));
 }
 
+Registrar::Setup Registrar::setup_for(Endpoint& endpoint, const Configuration& c) {
+  return {endpoint.domain(),
+          endpoint.requires_local_mr(),
+          (endpoint.describe().mr_mode & FI_MR_PROV_KEY) != 0,
+          {c.registration_cache_entries, c.registration_cache_bytes},
+          [&endpoint](const void* base, std::size_t length, std::uint64_t key, std::error_code& e) {
+            return endpoint.register_memory(base, length, FI_READ | FI_WRITE, key, e);
+          }};
+}
+
 void Registrar::release() noexcept {
   if (setup_.domain != nullptr) RegionCache::instance().clear_domain(setup_.domain);
   closer_->retire();
@@ -77,6 +87,16 @@ void Registrar::release() noexcept {
 
 CacheStats Registrar::cache_stats() const {
   return setup_.domain != nullptr ? RegionCache::instance().stats(setup_.domain) : CacheStats{};
+}
+
+void Registrar::report(Metrics& m) const {
+  m.registrations = registrations();
+  const CacheStats cache = cache_stats();
+  m.cache_hits = cache.hits;
+  m.cache_misses = cache.misses;
+  m.cache_evictions = cache.evictions;
+  m.cache_entries = cache.entries;
+  m.cache_bytes = cache.bytes;
 }
 
 }  // namespace dma::detail

@@ -7,7 +7,10 @@
 #include "counter.hpp"
 #include "region_cache.hpp"
 
+#include <dma/configuration.hpp>
 #include <dma/detail/operation.hpp>
+#include <dma/endpoint.hpp>
+#include <dma/metrics.hpp>
 
 #include <asio/post.hpp>
 
@@ -105,6 +108,10 @@ class Registrar {
     RegisterFn register_memory;
   };
 
+  /// The setup for an open endpoint's domain, with the configuration's cache limits; it registers
+  /// through endpoint, which must outlive the registrar's use of it.
+  static Setup setup_for(Endpoint& endpoint, const Configuration& configuration);
+
   explicit Registrar(std::shared_ptr<RetiringCloser> closer) noexcept : closer_(std::move(closer)) {}
   Registrar(const Registrar&) = delete;
   Registrar& operator=(const Registrar&) = delete;
@@ -126,6 +133,8 @@ class Registrar {
   std::uint64_t registrations() const noexcept { return registrations_.get(); }
   /// The cache's numbers for this domain (zero before open()).
   CacheStats cache_stats() const;
+  /// Copies its counter and the cache's numbers into their Metrics fields.
+  void report(Metrics& m) const;
 
  private:
   void lease(Operation& op, std::error_code& ec);

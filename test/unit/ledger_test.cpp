@@ -1,0 +1,43 @@
+// The ledger's cancellation: a queued transfer completes at once, a posted one is doomed.
+#include "ledger.hpp"
+#include "../catch.hpp"
+#include "ledger_rig.hpp"
+
+#include <asio/error.hpp>
+
+using Cancelled = dma::detail::Ledger::Cancelled;
+using dma::detail::Doom;
+
+TEST_CASE("cancelling a queued transfer completes it at once with operation_aborted") {
+  test::LedgerRig rig;
+  auto* op = rig.queued();
+  CHECK(rig.ledger.cancel(op, op->sequence, rig.poster, rig.reclaimer) == Cancelled::finished);
+  REQUIRE(test::Record::get().finished.size() == 1);
+  CHECK(test::Record::get().finished[0].ec == asio::error::operation_aborted);
+  CHECK(rig.poster.queued() == 0);
+  CHECK(rig.ledger.cancelled() == 1);
+  CHECK(rig.ledger.outstanding() == 0);
+}
+
+TEST_CASE("cancelling a posted transfer dooms it and completes nothing yet") {
+  test::LedgerRig rig;
+  auto* op = rig.posted();
+  CHECK(rig.ledger.cancel(op, op->sequence, rig.poster, rig.reclaimer) == Cancelled::doomed);
+  CHECK(op->doom == Doom::cancelled);
+  CHECK(rig.reclaimer.current_doomed() == 1);
+  CHECK(test::Record::get().finished.empty());
+  CHECK(rig.ledger.cancel(op, op->sequence, rig.poster, rig.reclaimer) == Cancelled::nothing);
+}
+
+TEST_CASE("a cancel with a stale sequence or after completion does nothing") {
+  test::LedgerRig rig;
+  auto* op = rig.queued();
+  CHECK(rig.ledger.cancel(op, op->sequence + 1, rig.poster, rig.reclaimer) == Cancelled::nothing);
+  CHECK(rig.poster.queued() == 1);
+  rig.poster.post_pending(*rig.host);
+  rig.host->returned(op);
+  rig.ledger.succeed(op);
+  CHECK(rig.ledger.cancel(op, op->sequence, rig.poster, rig.reclaimer) == Cancelled::nothing);
+  REQUIRE(test::Record::get().finished.size() == 1);
+  CHECK(!test::Record::get().finished[0].ec);
+}

@@ -16,6 +16,7 @@
 #include "cq_watcher.hpp"
 #include "intake.hpp"
 #include "ledger.hpp"
+#include "log.hpp"
 #include "peer_table.hpp"
 #include "poster.hpp"
 #include "reclaimer.hpp"
@@ -74,12 +75,17 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
  public:
   EngineImpl(const Inner& executor, const Configuration& configuration)
       : configuration_(configuration),
+        log_(configuration.log_handler),
         strand_(asio::make_strand(executor)),
         registrar_(std::make_shared<StrandCloser<strand_type>>(strand_)),
         ledger_(configuration.transfer_deadline),
         reclaimer_([this](std::error_code& ec) { return endpoint_.replace_endpoint(ec); }),
         watcher_(strand_, configuration_, WaitPolicy::WithoutFd::poll),
-        shutdown_timer_(strand_) {}
+        shutdown_timer_(strand_) {
+    poster_.set_log(log_);
+    ledger_.set_log(log_);
+    watcher_.set_log(log_);
+  }
 
   ~EngineImpl() override { abandon(); }
 
@@ -115,6 +121,7 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
           return insert_ec;
         },
         [this](fi_addr_t handle) { (void)endpoint_.remove_address(handle); }, PeerTable::Validation::addresses));
+    peers_->set_log(log_);
     watcher_.attach(endpoint_.fabric(), endpoint_.cq(), endpoint_.wait_fd());
   }
 
@@ -381,6 +388,7 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
   void close_everything() noexcept;
 
   Configuration configuration_;
+  Log log_;
   strand_type strand_;
   Endpoint endpoint_;
   std::optional<PeerTable> peers_;
@@ -441,6 +449,13 @@ int EngineImpl<Inner>::failed(fid_cq* cq, const fi_cq_err_entry& entry) {
   place_ = DrainPlace::last;
   if (entry.op_context == nullptr) {
     context_less_errors_.add();  // an endpoint-level fault: nothing to complete or dereference
+    const std::uint64_t count = context_less_errors_.get();
+    if (log_occurrence(count)) {
+      log_(LogLevel::warning, [&] {
+        return "completion error without an operation: " + error_detail(cq, entry, true) + "; " +
+               std::to_string(count) + " so far";
+      });
+    }
     return 0;
   }
   Operation* op = Operation::from_context(entry.op_context);
@@ -454,6 +469,13 @@ int EngineImpl<Inner>::failed(fid_cq* cq, const fi_cq_err_entry& entry) {
   if (connection_error(entry.err)) {
     // Says nothing of the peer's health (a rejected transfer tears the connection down too): no
     // back-off, the next transfer reconnects at once.
+    if (!flow.refresh) {
+      log_(LogLevel::info, [&] {
+        return "connection lost: peer " + encode_hex(op->peer->address) + ": " + fi_strerror(entry.err) +
+               " (err=" + std::to_string(entry.err) + ", prov_errno=" + std::to_string(entry.prov_errno) +
+               "); the next transfer reconnects";
+      });
+    }
     flow.refresh = true;
     flow.connected = false;
     ledger_.finish(op, errc::connection_lost, entry.prov_errno, std::move(detail));
@@ -496,10 +518,16 @@ void EngineImpl<Inner>::begin_shutdown() {
     op->peer->flow.marked = true;
     queues.push_back(&op->peer->flow);
   }
+  const std::size_t queued = poster_.queued();
   for (PeerFlow* flow : queues) {
     flow->marked = false;
     poster_.fail_queue(*flow, errc::shutdown, "never posted", *this);
   }
+  log_(LogLevel::info, [&] {
+    return "shutdown: " + std::to_string(queued) + " queued transfers failed; waiting up to " +
+           duration_text(configuration_.progress_deadline) + " for " + std::to_string(poster_.in_flight()) +
+           " posted ones";
+  });
   if (poster_.idle()) return close();
   shutdown_timer_.expires_after(configuration_.progress_deadline);
   shutdown_timer_.async_wait([self = shared_from_this()](std::error_code ec) {
@@ -512,6 +540,10 @@ void EngineImpl<Inner>::begin_shutdown() {
 // every one of them back (FI_ECANCELED), and only then is their memory released.
 template <typename Inner>
 void EngineImpl<Inner>::flush_and_close() {
+  log_(LogLevel::warning, [&] {
+    return "shutdown grace over: " + std::to_string(poster_.in_flight()) + " posted transfers not completed within " +
+           duration_text(configuration_.progress_deadline) + "; closing the endpoint hands them back";
+  });
   for (Operation* op = ledger_.oldest(); op != nullptr; op = op->newer)
     reclaimer_.doom(*op, Doom::shutdown);
   reclaimer_.close_all();
@@ -530,6 +562,15 @@ void EngineImpl<Inner>::close() {
   reclaimer_.close_all();
   endpoint_.close_endpoint();
   // Whatever the provider never handed back cannot come back now; the CQs close below.
+  if (ledger_.oldest() != nullptr) {
+    log_(LogLevel::warning, [&] {
+      std::size_t n = 0;
+      for (const Operation* op = ledger_.oldest(); op != nullptr; op = op->newer)
+        ++n;
+      return "transfers never returned: " + std::to_string(n) +
+             " the provider did not hand back after its endpoint closed; they fail now";
+    });
+  }
   while (Operation* op = ledger_.oldest()) {
     if (op->posted) returned(op);
     ledger_.finish(op, doom_error(op->doom == Doom::none ? Doom::shutdown : op->doom), 0,

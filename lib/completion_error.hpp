@@ -4,6 +4,7 @@
 #pragma once
 
 #include "ledger.hpp"
+#include "log.hpp"
 #include "poster.hpp"
 
 #include <dma/detail/operation.hpp>
@@ -47,13 +48,21 @@ ErrorSort sort_error(int err, Doom doom) noexcept;
 std::string error_detail(fid_cq* cq, const fi_cq_err_entry& entry, bool describe_provider);
 
 /// Completes op, which the provider handed back with the error entry, by its sort; a peer found
-/// unreachable has its queue failed too (through host, a Poster host).
+/// unreachable has its queue failed too (through host, a Poster host). A lost connection is
+/// logged once per teardown.
 template <typename Host>
 void finish_failed(Operation* op, const fi_cq_err_entry& entry, std::string detail, Ledger& ledger, Poster& poster,
-                   Host& host) {
+                   const Log& log, Host& host) {
   const ErrorSort sort = sort_error(entry.err, op->doom);
   PeerFlow& flow = op->peer->flow;
   if (sort.peer == ErrorSort::PeerFate::reconnect) {
+    if (!flow.refresh) {
+      log(LogLevel::info, [&] {
+        return "connection lost: peer " + encode_hex(op->peer->address) + ": " + fi_strerror(entry.err) +
+               " (err=" + std::to_string(entry.err) + ", prov_errno=" + std::to_string(entry.prov_errno) +
+               "); the next transfer reconnects";
+      });
+    }
     flow.refresh = true;
     flow.connected = false;
   } else if (sort.peer == ErrorSort::PeerFate::unreachable) {

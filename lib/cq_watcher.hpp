@@ -11,6 +11,7 @@
 
 #include "counter.hpp"
 #include "hints.hpp"
+#include "log.hpp"
 #include "wait_policy.hpp"
 
 #include <dma/configuration.hpp>
@@ -31,6 +32,7 @@
 #include <algorithm>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 namespace dma::detail {
@@ -77,6 +79,9 @@ class CqWatcher {
   ~CqWatcher() { detach(); }
   CqWatcher(const CqWatcher&) = delete;
   CqWatcher& operator=(const CqWatcher&) = delete;
+
+  /// Where it reports a failing fi_cq_read or fi_cq_readerr; must outlive the watcher.
+  void set_log(const Log& log) noexcept { log_ = &log; }
 
   /// Watches cq of fabric, with its wait fd (-1 for none; libfabric owns it, the watcher never
   /// closes it). Replaces whatever it watched before.
@@ -157,15 +162,15 @@ class CqWatcher {
       if (n == -FI_EAVAIL) {
         if (held != nullptr) sink.completed(std::exchange(held, nullptr), DrainPlace::more);
         fi_cq_err_entry entry{};
-        if (fi_cq_readerr(cq, &entry, 0) <= 0) {
-          counters_.queue_errors.add();
+        if (const ssize_t rc = fi_cq_readerr(cq, &entry, 0); rc <= 0) {
+          queue_failed("fi_cq_readerr", rc);
           return finished;
         }
         finished += static_cast<std::size_t>(sink.failed(cq, entry));
         continue;
       }
       if (held != nullptr) sink.completed(held, DrainPlace::last);
-      if (n != -FI_EAGAIN) counters_.queue_errors.add();
+      if (n != -FI_EAGAIN) queue_failed("fi_cq_read", n);
       return finished;
     }
   }
@@ -266,6 +271,19 @@ class CqWatcher {
   const CqCounters& counters() const noexcept { return counters_; }
 
  private:
+  // Counted always, logged at the 1st, 2nd, 4th, … time: a broken queue fails every drain.
+  void queue_failed(const char* call, ssize_t rc) {
+    counters_.queue_errors.add();
+    const std::uint64_t count = counters_.queue_errors.get();
+    if (!log_occurrence(count)) return;
+    (*log_)(LogLevel::error, [&] {
+      return std::string(call) + " failed: " + fi_strerror(static_cast<int>(rc < 0 ? -rc : rc)) +
+             " (rc=" + std::to_string(rc) + "); " + std::to_string(count) + " queue errors so far";
+    });
+  }
+
+  static inline const Log default_log_{};
+
   bool fd_readable() const noexcept {
     if (fd_ < 0) return false;
     pollfd p{fd_, POLLIN, 0};
@@ -290,6 +308,7 @@ class CqWatcher {
   bool backstop_armed_ = false;
   bool lost_wake_ = false;
   CqCounters counters_;
+  const Log* log_ = &default_log_;
 };
 
 }  // namespace dma::detail

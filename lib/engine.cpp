@@ -20,6 +20,7 @@
 #include "cq_watcher.hpp"
 #include "intake.hpp"
 #include "ledger.hpp"
+#include "log.hpp"
 #include "peer_table.hpp"
 #include "poster.hpp"
 #include "reclaimer.hpp"
@@ -69,13 +70,18 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
  public:
   EngineImpl(const Inner& executor, const Configuration& configuration)
       : configuration_(configuration),
+        log_(configuration.log_handler),
         strand_(asio::make_strand(executor)),
         registrar_(std::make_shared<StrandCloser<strand_type>>(strand_)),
         ledger_(configuration.transfer_deadline),
         reclaimer_([this](std::error_code& ec) { return endpoint_.replace_endpoint(ec); }),
         watcher_(strand_, configuration_, WaitPolicy::WithoutFd::poll),
         shutdown_(strand_, configuration_.progress_deadline,
-                  {endpoint_, peers_, registrar_, ledger_, reclaimer_, poster_, intake_, watcher_}) {}
+                  {endpoint_, peers_, registrar_, ledger_, reclaimer_, poster_, intake_, watcher_, log_}) {
+    poster_.set_log(log_);
+    ledger_.set_log(log_);
+    watcher_.set_log(log_);
+  }
 
   ~EngineImpl() override { shutdown_.abandon(); }
 
@@ -90,6 +96,7 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
     registrar_.open(Registrar::setup_for(endpoint_, configuration_));
     addresses_.push(endpoint_.local_address());
     ledger_.bind(&PeerTable::open_for(peers_, endpoint_));
+    peers_->set_log(log_);
     watcher_.attach(endpoint_.fabric(), endpoint_.cq(), endpoint_.wait_fd());
   }
 
@@ -184,11 +191,18 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
     place_ = DrainPlace::last;
     if (entry.op_context == nullptr) {
       context_less_errors_.add();  // an endpoint-level fault: nothing to complete or dereference
+      const std::uint64_t count = context_less_errors_.get();
+      if (log_occurrence(count)) {
+        log_(LogLevel::warning, [&] {
+          return "completion error without an operation: " + error_detail(cq, entry, true) + "; " +
+                 std::to_string(count) + " so far";
+        });
+      }
       return 0;
     }
     Operation* op = Operation::from_context(entry.op_context);
     returned(op);
-    finish_failed(op, entry, error_detail(cq, entry, !reclaimer_.closed(*op)), ledger_, poster_, *this);
+    finish_failed(op, entry, error_detail(cq, entry, !reclaimer_.closed(*op)), ledger_, poster_, log_, *this);
     return 1;
   }
 
@@ -356,6 +370,7 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
   friend class Shutdown<Watcher, Timer>;
 
   Configuration configuration_;
+  Log log_;
   strand_type strand_;
   Endpoint endpoint_;
   std::optional<PeerTable> peers_;

@@ -4,10 +4,12 @@
 #pragma once
 
 #include "counter.hpp"
+#include "log.hpp"
 #include "peer_table.hpp"
 #include "poster.hpp"
 #include "reclaimer.hpp"
 
+#include <dma/advertisement.hpp>
 #include <dma/error.hpp>
 #include <dma/metrics.hpp>
 
@@ -25,6 +27,8 @@ class Ledger {
   explicit Ledger(std::chrono::nanoseconds default_deadline) noexcept : default_deadline_(default_deadline) {}
 
   void bind(PeerTable* peers) noexcept { peers_ = peers; }
+  /// Where the sweep reports timed-out transfers; must outlive the ledger.
+  void set_log(const Log& log) noexcept { log_ = &log; }
 
   // Any thread.
   void submitted() noexcept { outstanding_.fetch_add(1, std::memory_order_relaxed); }
@@ -150,6 +154,8 @@ class Ledger {
   std::atomic<std::size_t> outstanding_{0};
   std::atomic<std::uint64_t> sequence_{1};
   Counter completed_, failed_, timed_out_, cancelled_;
+  const Log* log_ = &default_log_;
+  static inline const Log default_log_{};
 };
 
 template <typename Host>
@@ -174,9 +180,23 @@ bool Ledger::sweep(Clock::time_point now, Reclaimer& reclaimer, Poster& poster, 
     }
     flow.marked = true;
   }
-  for (PeerFlow* flow : queues)
+  for (PeerFlow* flow : queues) {
+    const std::size_t before = flow->queue.size();
     poster.fail_doomed(*flow, errc::timed_out, "queued for its whole deadline: the peer took no posts in time", host);
+    (*log_)(LogLevel::warning, [&] {
+      return "transfers timed out: " + std::to_string(before - flow->queue.size()) + " queued to peer " +
+             encode_hex(Poster::peer_of(*flow).address) + " for their whole deadline; the peer took no posts in time";
+    });
+  }
   for (PeerFlow* flow : late_peers) {
+    (*log_)(LogLevel::warning, [&] {
+      std::size_t n = 0;
+      for (const Operation* op = accepted_.oldest(); op != nullptr; op = op->newer)
+        n += op->posted && op->doom == Doom::deadline && &op->peer->flow == flow;
+      return "transfers timed out: " + std::to_string(n) + " posted to peer " +
+             encode_hex(Poster::peer_of(*flow).address) +
+             " not completed within their deadline; handing them back by replacing the endpoint";
+    });
     if (flow->backing_off(now)) continue;
     poster.mark_unreachable(*flow, now, errc::timed_out,
                             "the peer did not complete a transfer posted to it within its deadline; this one was "

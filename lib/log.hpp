@@ -30,6 +30,9 @@ inline bool process_log_enabled(LogLevel level) noexcept {
 /// Hands the message to the process-wide handler, if it takes that level (thread-safe).
 void process_log(LogLevel level, std::string_view message) noexcept;
 
+/// Whether the count-th occurrence of a recurring failure is logged: the 1st, 2nd, 4th, 8th, …
+inline bool log_occurrence(std::uint64_t count) noexcept { return count != 0 && (count & (count - 1)) == 0; }
+
 /// One service's (or target's, or endpoint's) log: its own handler when the configuration has one,
 /// otherwise the process-wide one.
 class Log {

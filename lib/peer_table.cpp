@@ -155,6 +155,10 @@ void PeerTable::evict(std::uint64_t client_id, ByIdentity::iterator stale) {
     return true;
   });
   const fi_addr_t handle = dead->handle;
+  (*log_)(LogLevel::info, [&] {
+    return "peer evicted: " + encode_hex(dead->address) + ": its queue pair was recycled; " +
+           std::to_string(dead->transfers) + " transfers still name it";
+  });
   if (stale->second.transfers == 0) {
     by_identity_.erase(stale);
   } else {

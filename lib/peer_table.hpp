@@ -2,6 +2,7 @@
 // entry's flow (its queue and health) lives with it.
 #pragma once
 
+#include "log.hpp"
 #include "peer_flow.hpp"
 
 #include <dma/endpoint.hpp>
@@ -55,6 +56,9 @@ class PeerTable {
   ~PeerTable();
   PeerTable(const PeerTable&) = delete;
   PeerTable& operator=(const PeerTable&) = delete;
+
+  /// Where it reports evictions; must outlive the table.
+  void set_log(const Log& log) noexcept { log_ = &log; }
 
   /// Binds client_id to address and returns its AV handle, inserting the address only when no
   /// live entry has it. An address the client is not bound to yet is validated first (see
@@ -137,6 +141,8 @@ class PeerTable {
   /// the hash lookup. Dropped by every change to the bindings or the entries.
   std::uint64_t last_client_ = 0;
   Entry* last_entry_ = nullptr;
+  static inline const Log default_log_{};
+  const Log* log_ = &default_log_;
 };
 
 }  // namespace dma::detail

@@ -16,9 +16,11 @@
 #pragma once
 
 #include "counter.hpp"
+#include "log.hpp"
 #include "peer_flow.hpp"
 #include "peer_table.hpp"
 
+#include <dma/advertisement.hpp>
 #include <dma/configuration.hpp>
 #include <dma/endpoint.hpp>
 #include <dma/error.hpp>
@@ -69,6 +71,8 @@ class Poster {
   static Limits limits_for(const Endpoint& endpoint, const Configuration& configuration) noexcept;
 
   void set_limits(const Limits& limits) noexcept { limits_ = limits; }
+  /// Where it reports peers marked unreachable and reconnects; must outlive the poster.
+  void set_log(const Log& log) noexcept { log_ = &log; }
 
   /// An accepted transfer joins its peer's queue.
   void enqueue(PeerFlow& flow, Operation* op) noexcept {
@@ -130,6 +134,11 @@ class Poster {
                         Host& host) {
     flow.mark_unreachable(now, limits_.backoff, limits_.backoff_max);
     marked_unreachable_.add();
+    (*log_)(LogLevel::warning, [&] {
+      return "peer unreachable: " + encode_hex(peer_of(flow).address) + ": " + ec.message() + ": " + detail + "; " +
+             std::to_string(flow.queue.size()) + " queued transfers failed, new ones fail at once for " +
+             duration_text(std::chrono::duration_cast<std::chrono::nanoseconds>(flow.unreachable_until - now));
+    });
     fail_queue(flow, ec, detail, host);
   }
 
@@ -176,9 +185,16 @@ class Poster {
     flow.refresh = false;
     reconnects_.add();
     if (std::error_code ec = host.refresh(peer)) {
+      (*log_)(LogLevel::warning, [&] {
+        return "reconnect failed: peer " + encode_hex(peer.address) +
+               ": a fresh address-vector entry: " + ec.message() + "; " + std::to_string(flow.queue.size()) +
+               " queued transfers failed";
+      });
       fail_queue(flow, ec, "a fresh address-vector entry for the peer", host);
       return false;
     }
+    (*log_)(LogLevel::info,
+            [&] { return "reconnect: peer " + encode_hex(peer.address) + " on a fresh address-vector entry"; });
     return true;
   }
 
@@ -205,7 +221,10 @@ class Poster {
            std::to_string(rc);
   }
 
+  static inline const Log default_log_{};
+
   Limits limits_;
+  const Log* log_ = &default_log_;
   FlowScheduler flows_;
   std::size_t queued_ = 0;  ///< accepted, not yet posted (in the peers' queues)
   std::size_t in_flight_ = 0;

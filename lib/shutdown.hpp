@@ -19,6 +19,7 @@
 #include "completion_error.hpp"
 #include "intake.hpp"
 #include "ledger.hpp"
+#include "log.hpp"
 #include "peer_table.hpp"
 #include "poster.hpp"
 #include "reclaimer.hpp"
@@ -46,6 +47,7 @@ class Shutdown {
     Poster& poster;
     Intake& intake;
     Watcher& watcher;
+    const Log& log;
   };
 
   Shutdown(const typename Timer::executor_type& executor, std::chrono::nanoseconds progress_deadline, Parts parts)
@@ -92,10 +94,15 @@ void Shutdown<Watcher, Timer>::begin(Host& host) {
     op->peer->flow.marked = true;
     queues.push_back(&op->peer->flow);
   }
+  const std::size_t queued = parts_.poster.queued();
   for (PeerFlow* flow : queues) {
     flow->marked = false;
     parts_.poster.fail_queue(*flow, errc::shutdown, "never posted", host);
   }
+  parts_.log(LogLevel::info, [&] {
+    return "shutdown: " + std::to_string(queued) + " queued transfers failed; waiting up to " +
+           duration_text(progress_deadline_) + " for " + std::to_string(parts_.poster.in_flight()) + " posted ones";
+  });
   if (parts_.poster.idle()) return close(host);
   timer_.expires_after(progress_deadline_);
   timer_.async_wait([self = host.shared_from_this(), this](std::error_code ec) {
@@ -109,6 +116,11 @@ void Shutdown<Watcher, Timer>::begin(Host& host) {
 template <typename Watcher, typename Timer>
 template <typename Host>
 void Shutdown<Watcher, Timer>::flush(Host& host) {
+  parts_.log(LogLevel::warning, [&] {
+    return "shutdown grace over: " + std::to_string(parts_.poster.in_flight()) +
+           " posted transfers not completed within " + duration_text(progress_deadline_) +
+           "; closing the endpoint hands them back";
+  });
   for (Operation* op = parts_.ledger.oldest(); op != nullptr; op = op->newer)
     parts_.reclaimer.doom(*op, Doom::shutdown);
   parts_.reclaimer.close_all();
@@ -128,6 +140,15 @@ void Shutdown<Watcher, Timer>::close(Host& host) {
   parts_.reclaimer.close_all();
   parts_.endpoint.close_endpoint();
   // Whatever the provider never handed back cannot come back now; the CQs close below.
+  if (parts_.ledger.oldest() != nullptr) {
+    parts_.log(LogLevel::warning, [&] {
+      std::size_t n = 0;
+      for (const Operation* op = parts_.ledger.oldest(); op != nullptr; op = op->newer)
+        ++n;
+      return "transfers never returned: " + std::to_string(n) +
+             " the provider did not hand back after its endpoint closed; they fail now";
+    });
+  }
   while (Operation* op = parts_.ledger.oldest()) {
     if (op->posted) host.returned(op);
     parts_.ledger.finish(op, doom_error(op->doom == Doom::none ? Doom::shutdown : op->doom), 0,

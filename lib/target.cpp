@@ -3,7 +3,9 @@
 #include "dma/error.hpp"
 #include "hints.hpp"
 
+#include "completion_error.hpp"
 #include "cq_watcher.hpp"
+#include "log.hpp"
 
 #include <asio/post.hpp>
 
@@ -46,7 +48,11 @@ struct Target::State : std::enable_shared_from_this<State> {
   using Watcher = detail::CqWatcher<executor_type>;
 
   State(const executor_type& executor, const Configuration& configuration)
-      : executor(executor), watcher(executor, configuration, detail::WaitPolicy::WithoutFd::backstop) {}
+      : executor(executor),
+        log(configuration.log_handler),
+        watcher(executor, configuration, detail::WaitPolicy::WithoutFd::backstop) {
+    watcher.set_log(log);
+  }
 
   void start() {
     watcher.attach(endpoint.fabric(), endpoint.cq(), endpoint.wait_fd());
@@ -67,14 +73,23 @@ struct Target::State : std::enable_shared_from_this<State> {
     if (watcher.wait(shared_from_this(), false) == detail::CqWaited::armed) drain();
   }
 
-  // The target posts nothing of its own: its entries, errors included, are read and dropped.
+  // The target posts nothing of its own: its entries are read and dropped, errors logged (at the
+  // 1st, 2nd, 4th, … one: a misbehaving initiator may cause many).
   struct Sink {
+    State& state;
     void completed(void*, detail::DrainPlace) noexcept {}
     void first_done() noexcept {}
-    int failed(fid_cq*, const fi_cq_err_entry&) noexcept { return 0; }
+    int failed(fid_cq* cq, const fi_cq_err_entry& entry) noexcept {
+      if (!detail::log_occurrence(++state.errors)) return 0;
+      state.log(LogLevel::warning, [&] {
+        return "target completion error: " + detail::error_detail(cq, entry, true) + "; " +
+               std::to_string(state.errors) + " so far";
+      });
+      return 0;
+    }
   };
   void drain() {
-    Sink sink;
+    Sink sink{*this};
     (void)watcher.drain(endpoint.cq(), sink);
   }
 
@@ -87,7 +102,9 @@ struct Target::State : std::enable_shared_from_this<State> {
   executor_type executor;
   std::mutex mutex;
   Endpoint endpoint;
+  detail::Log log;
   Watcher watcher;
+  std::uint64_t errors = 0;
   bool stopped = false;
   std::atomic<std::uint64_t> passes{0};
 };

@@ -177,12 +177,18 @@ inline DrainPosition drain_position() noexcept { return detail::drain_position()
 template <typename Context, typename Executor = asio::any_io_executor>
 class FabricService {
  public:
+  /// The executor the service's completions are watched on (Asio's name).
   using executor_type = Executor;
+  /// The caller's per-transfer context type.
   using context_type = Context;
+  /// What submit()'s completion handler is called with.
   using completion_signature = void(Completion<Context>);
 
+  /// The same service type on another executor type (Asio's rebind convention, e.g. for
+  /// `asio::use_awaitable_t<>::as_default_on_t`).
   template <typename OtherExecutor>
   struct rebind_executor {
+    /// The rebound service type.
     using other = FabricService<Context, OtherExecutor>;
   };
 
@@ -194,6 +200,7 @@ class FabricService {
     open(configuration);
   }
 
+  /// As FabricService(context.get_executor(), configuration), e.g. with an asio::io_context.
   template <typename ExecutionContext>
   requires std::is_convertible_v<ExecutionContext&, asio::execution_context&> FabricService(
       ExecutionContext& context, const Configuration& configuration)
@@ -205,7 +212,10 @@ class FabricService {
   /// handler's executor, as long as that executor runs.
   ~FabricService() { close(); }
 
+  /// Takes over other's endpoint and transfers; other is left closed.
   FabricService(FabricService&& other) noexcept = default;
+  /// Closes this service (as close() does), then takes over other's endpoint and transfers;
+  /// other is left closed.
   FabricService& operator=(FabricService&& other) noexcept {
     if (this != &other) {
       close();
@@ -217,22 +227,27 @@ class FabricService {
   FabricService(const FabricService&) = delete;
   FabricService& operator=(const FabricService&) = delete;
 
+  /// Opens the endpoint (a closed service only). Throws std::system_error naming the step that
+  /// failed, e.g. errc::invalid_configuration or fi_getinfo's error.
   void open(const Configuration& configuration) {
     std::error_code ec;
     std::string what;
     open(configuration, ec, what);
     if (ec) throw std::system_error(ec, "opening the fabric service: " + what);
   }
+  /// Opens the endpoint; on failure sets ec and leaves the service closed.
   void open(const Configuration& configuration, std::error_code& ec) {
     std::string what;
     open(configuration, ec, what);
   }
+  /// Whether the service is open (opened and not closed since).
   bool is_open() const noexcept { return engine_ != nullptr; }
   /// Starts the shutdown described at the destructor; the service is closed at once.
   void close() {
     if (auto engine = std::exchange(engine_, nullptr)) engine->shutdown();
   }
 
+  /// The executor the service was built with (Asio's name).
   executor_type get_executor() const noexcept { return executor_; }
 
   /// Starts one transfer.
@@ -335,7 +350,10 @@ class FabricService {
   std::span<const std::uint8_t> local_address() const noexcept {
     return engine_ ? std::span<const std::uint8_t>(engine_->local_address()) : std::span<const std::uint8_t>();
   }
+  /// The endpoint's provider, attributes and limits; empty while closed.
   EndpointInfo describe() const { return engine_ ? engine_->describe() : EndpointInfo{}; }
+  /// The service's counters and latency histogram since it opened (see dma::Metrics); all zero
+  /// while closed. Any thread, without blocking.
   Metrics metrics() const noexcept { return engine_ ? engine_->metrics() : Metrics{}; }
 
  private:

@@ -62,6 +62,12 @@ struct Tracked {
 
 }  // namespace detail
 
+/// The callback fabric service: one endpoint on a thread of its own (`fabric-NN`), whose
+/// completions reach a BatchCompleter in batches, with checksums computed on a Pool. Built on
+/// asynchronous::FabricService. Public member functions may be called from any thread.
+///
+/// Context is the caller's per-transfer context; it supplies the operand (see dma::Operands) and
+/// comes back by value in the Completion.
 template <typename Context>
 class FabricService {
   using Inner = asynchronous::FabricService<detail::Tracked<Context>, asio::io_context::executor_type>;
@@ -78,6 +84,7 @@ class FabricService {
     return service;
   }
 
+  /// As start() above; on failure sets ec and returns null instead of throwing.
   static std::unique_ptr<FabricService> start(const Configuration& configuration, BatchCompleter<Context> completer,
                                               std::shared_ptr<Pool> pool, std::error_code& ec) {
     std::unique_ptr<FabricService> service(new FabricService(std::move(completer), std::move(pool)));
@@ -125,6 +132,7 @@ class FabricService {
   void add_peer(std::uint64_t client_id, std::span<const std::uint8_t> address) {
     inner_.add_peer(client_id, std::vector<std::uint8_t>(address.begin(), address.end()), asio::use_future).get();
   }
+  /// As add_peer() above; sets ec instead of throwing.
   void add_peer(std::uint64_t client_id, std::span<const std::uint8_t> address, std::error_code& ec) {
     try {
       add_peer(client_id, address);
@@ -144,6 +152,7 @@ class FabricService {
     auto future = inner_.register_region(std::move(storage), asio::use_future);
     return future.get();
   }
+  /// As register_region() above; sets ec and returns an empty region instead of throwing.
   template <typename S>
   MemoryRegion<S> register_region(S storage, std::error_code& ec) {
     try {
@@ -159,8 +168,12 @@ class FabricService {
   std::size_t outstanding() const noexcept {
     return accepted_.load(std::memory_order_relaxed) - delivery_->delivered.load(std::memory_order_relaxed);
   }
+  /// The endpoint's fabric address, to send to peers (efa-direct peers must insert it first).
   std::span<const std::uint8_t> local_address() const noexcept { return inner_.local_address(); }
+  /// The endpoint's provider, attributes and limits.
   EndpointInfo describe() const { return inner_.describe(); }
+  /// The service's counters and latency histogram since it started (see dma::Metrics). Any
+  /// thread, without blocking.
   Metrics metrics() const noexcept { return inner_.metrics(); }
   /// Batches whose completer threw (the exception is swallowed: it must not throw).
   std::uint64_t completer_failures() const noexcept {

@@ -26,9 +26,11 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <random>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -150,6 +152,35 @@ std::size_t rss_kib() {
   return 0;
 }
 
+/// The messages a service logs through Configuration::log_handler.
+struct LogCapture {
+  std::mutex mutex;
+  std::vector<std::pair<dma::LogLevel, std::string>> messages;
+
+  dma::LogHandler handler() {
+    return dma::LogHandler(
+        [this](dma::LogLevel level, std::string_view message) {
+          std::lock_guard lock(mutex);
+          messages.emplace_back(level, std::string(message));
+        },
+        dma::LogLevel::debug);
+  }
+  /// How many messages at `level` start with `prefix` and contain `part`.
+  std::size_t count(dma::LogLevel level, std::string_view prefix, std::string_view part = {}) {
+    std::lock_guard lock(mutex);
+    return static_cast<std::size_t>(std::count_if(messages.begin(), messages.end(), [&](const auto& m) {
+      return m.first == level && m.second.rfind(prefix, 0) == 0 && m.second.find(part) != std::string::npos;
+    }));
+  }
+  std::string all() {
+    std::lock_guard lock(mutex);
+    std::string text;
+    for (const auto& m : messages)
+      text += std::string(dma::to_string(m.first)) + ": " + m.second + "\n";
+    return text;
+  }
+};
+
 bool is_timed_out(const dma::Outcome& o) { return o.error() == std::errc::timed_out; }
 bool is_ok(const dma::Outcome& o) { return o.ok(); }
 
@@ -160,7 +191,10 @@ TEST_CASE("writes queued to a dead peer do not delay a healthy peer's write", "[
   dead.child->kill_now();
   Peer healthy = Peer::start();
   asio::io_context io;
-  Service service(io, configuration());
+  LogCapture log;
+  auto config = configuration();
+  config.log_handler = log.handler();
+  Service service(io, config);
   Ledger ledger;
   for (int id = 0; id < 5; ++id)
     service.submit(write_to(dead.ad, 1, 4096, id), ledger.handler(id));
@@ -181,6 +215,11 @@ TEST_CASE("writes queued to a dead peer do not delay a healthy peer's write", "[
     CHECK(ledger.of(id).error() == dma::condition::peer_unreachable);
   }
   CHECK(service.outstanding() == 0);
+  // progress_deadline of refused posts marks the dead peer unreachable, and says so once.
+  INFO("logged:\n" << log.all());
+  CHECK(log.count(dma::LogLevel::warning, "peer unreachable: " + dma::encode_hex(dead.ad.address)) == 1);
+  CHECK(log.count(dma::LogLevel::warning, "peer unreachable: ", "no connection within") == 1);
+  CHECK(log.count(dma::LogLevel::warning, "peer unreachable: " + dma::encode_hex(healthy.ad.address)) == 0);
 }
 
 TEST_CASE("a killed target's 1000 queued writes are each delivered once, and a restarted one is reachable",
@@ -276,6 +315,8 @@ TEST_CASE("writes posted and queued to a frozen peer fail at their deadline; a h
   Peer healthy = Peer::start(1 << 20);
   auto config = configuration();
   config.transfer_deadline = 2s;
+  LogCapture log;
+  config.log_handler = log.handler();
   asio::io_context io;
   Service service(io, config);
   Ledger ledger;
@@ -315,6 +356,14 @@ TEST_CASE("writes posted and queued to a frozen peer fail at their deadline; a h
       io, [&] { return ledger.outcomes.count(2000) != 0; }, 2s));
   CHECK(ledger.of(2000).error() == dma::condition::peer_unreachable);
   frozen.child->signal(SIGCONT);
+
+  // The deadline's sweep reports the late transfers, and the frozen peer is marked unreachable.
+  INFO("logged:\n" << log.all());
+  const std::string frozen_hex = dma::encode_hex(frozen.ad.address);
+  CHECK(log.count(dma::LogLevel::warning, "transfers timed out: ", frozen_hex) >= 1);
+  CHECK(log.count(dma::LogLevel::warning, "peer unreachable: " + frozen_hex) >= 1);
+  CHECK(log.count(dma::LogLevel::warning, "transfers timed out: ", dma::encode_hex(healthy.ad.address)) == 0);
+  CHECK(log.count(dma::LogLevel::info, "endpoint replaced: ") >= 1);
 }
 
 TEST_CASE("co_await (submit || timer) returns soon after the timer for a posted and for a queued transfer",

@@ -49,7 +49,7 @@ TEST_CASE("an unreachable error fails the peer's queued transfers and backs it o
   rig.host->returned(posted);
   fi_cq_err_entry entry{};
   entry.err = FI_EHOSTUNREACH;
-  dma::detail::finish_failed(posted, entry, "detail", rig.ledger, rig.poster, *rig.host);
+  dma::detail::finish_failed(posted, entry, "detail", rig.ledger, rig.poster, dma::detail::Log{}, *rig.host);
   const auto& finished = test::Record::get().finished;
   REQUIRE(finished.size() == 2);
   CHECK(finished[0].op == queued);
@@ -65,7 +65,7 @@ TEST_CASE("a connection error makes the peer's next post reconnect") {
   rig.host->returned(posted);
   fi_cq_err_entry entry{};
   entry.err = FI_ECONNRESET;
-  dma::detail::finish_failed(posted, entry, {}, rig.ledger, rig.poster, *rig.host);
+  dma::detail::finish_failed(posted, entry, {}, rig.ledger, rig.poster, dma::detail::Log{}, *rig.host);
   REQUIRE(test::Record::get().finished.size() == 1);
   CHECK(test::Record::get().finished[0].ec == dma::errc::connection_lost);
   CHECK(posted->peer->flow.refresh);

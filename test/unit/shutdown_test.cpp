@@ -32,7 +32,8 @@ struct ShutdownRig : test::LedgerRig {
       : closer(std::make_shared<dma::detail::StrandCloser<asio::strand<asio::io_context::executor_type>>>(
             asio::make_strand(io.get_executor()))),
         registrar(closer),
-        shutdown(io.get_executor(), grace, {endpoint, table, registrar, ledger, reclaimer, poster, intake, watcher}) {}
+        shutdown(io.get_executor(), grace,
+                 {endpoint, table, registrar, ledger, reclaimer, poster, intake, watcher, log}) {}
 
   asio::io_context io;
   dma::Endpoint endpoint;
@@ -41,6 +42,7 @@ struct ShutdownRig : test::LedgerRig {
   dma::detail::Registrar registrar;
   dma::detail::Intake intake;
   FakeWatcher watcher;
+  dma::detail::Log log;
   dma::detail::Shutdown<FakeWatcher, Timer> shutdown;
 };
 

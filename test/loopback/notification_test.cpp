@@ -219,3 +219,15 @@ TEST_CASE("immediate data on a read is refused", "[loopback][notification]") {
   CHECK(completion.outcome.error() == dma::condition::invalid_operand);
   CHECK(completion.caller_context.bytes.empty());  // refused before the landing buffer was asked for
 }
+
+TEST_CASE("a notification queue of 0 or more than 2^20 entries is refused", "[loopback][notification]") {
+  asio::io_context io;
+  for (const std::size_t capacity : {std::size_t{0}, (std::size_t{1} << 20) + 1}) {
+    try {
+      dma::Target target(io, with_queue(capacity));
+      FAIL("opened with notification_queue " << capacity);
+    } catch (const std::system_error& e) {
+      CHECK(e.code() == dma::errc::invalid_configuration);
+    }
+  }
+}

@@ -33,6 +33,8 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace dma::detail {
@@ -63,7 +65,9 @@ enum class CqEvent : std::uint8_t { wake, poll, backstop };
 /// registers the descriptor edge-triggered), and that read catches whatever it announced.
 enum class CqWaited : std::uint8_t { polling, armed, already_armed, backstop };
 
-template <typename Executor>
+/// Entry is the CQ's entry type: fi_cq_entry (FI_CQ_FORMAT_CONTEXT), whose sinks receive the
+/// op_context, or fi_cq_data_entry (FI_CQ_FORMAT_DATA), whose sinks receive the whole entry.
+template <typename Executor, typename Entry = fi_cq_entry>
 class CqWatcher {
  public:
   using Clock = std::chrono::steady_clock;
@@ -129,38 +133,40 @@ class CqWatcher {
   }
 
   /// Reads cq (the watched one or another) until it is empty, cq_batch entries per fi_cq_read.
-  /// sink.completed(context, place) runs for each successful entry and sink.first_done() after
-  /// the first completion that follows each read; sink.failed(cq, entry) for each error entry, returning 1
-  /// when it finished an operation. The last entry of a full read is held until the next read
-  /// says whether more follow. Never spins on -FI_EAVAIL: a failing fi_cq_readerr ends the drain.
-  /// Returns how many operations it finished.
+  /// sink.completed(context, place) (sink.completed(entry, place) for fi_cq_data_entry) runs for each successful entry
+  /// and sink.first_done() after the first completion that follows each read; sink.failed(cq, entry) for each error
+  /// entry, returning 1 when it finished an operation. The last entry of a full read is held until the next read says
+  /// whether more follow. Never spins on -FI_EAVAIL: a failing fi_cq_readerr ends the drain. Returns how many
+  /// operations it finished.
   template <typename Sink>
   std::size_t drain(fid_cq* cq, Sink& sink) {
     std::size_t finished = 0;
-    void* held = nullptr;
+    Entry held{};
+    bool holding = false;
     for (;;) {
       const ssize_t n = fi_cq_read(cq, entries_.data(), entries_.size());
       if (n > 0) {
         counters_.cq_reads.add();
         const auto count = static_cast<std::size_t>(n);
         bool first = true;
-        auto deliver = [&](void* context, DrainPlace place) {
-          sink.completed(context, place);
+        auto deliver = [&](const Entry& entry, DrainPlace place) {
+          hand(sink, entry, place);
           if (std::exchange(first, false)) sink.first_done();
         };
-        if (held != nullptr) deliver(std::exchange(held, nullptr), DrainPlace::more);
+        if (std::exchange(holding, false)) deliver(held, DrainPlace::more);
         for (std::size_t i = 0; i + 1 < count; ++i)
-          deliver(entries_[i].op_context, DrainPlace::more);
+          deliver(entries_[i], DrainPlace::more);
         finished += count;
         if (count < entries_.size()) {
-          deliver(entries_[count - 1].op_context, DrainPlace::last);
+          deliver(entries_[count - 1], DrainPlace::last);
           return finished;
         }
-        held = entries_[count - 1].op_context;
+        held = entries_[count - 1];
+        holding = true;
         continue;
       }
       if (n == -FI_EAVAIL) {
-        if (held != nullptr) sink.completed(std::exchange(held, nullptr), DrainPlace::more);
+        if (std::exchange(holding, false)) hand(sink, held, DrainPlace::more);
         fi_cq_err_entry entry{};
         if (const ssize_t rc = fi_cq_readerr(cq, &entry, 0); rc <= 0) {
           queue_failed("fi_cq_readerr", rc);
@@ -169,7 +175,7 @@ class CqWatcher {
         finished += static_cast<std::size_t>(sink.failed(cq, entry));
         continue;
       }
-      if (held != nullptr) sink.completed(held, DrainPlace::last);
+      if (holding) hand(sink, held, DrainPlace::last);
       if (n != -FI_EAGAIN) queue_failed("fi_cq_read", n);
       return finished;
     }
@@ -284,6 +290,15 @@ class CqWatcher {
 
   static inline const Log default_log_{};
 
+  template <typename Sink>
+  static void hand(Sink& sink, const Entry& entry, DrainPlace place) {
+    if constexpr (std::is_same_v<Entry, fi_cq_entry>) {
+      sink.completed(entry.op_context, place);
+    } else {
+      sink.completed(entry, place);
+    }
+  }
+
   bool fd_readable() const noexcept {
     if (fd_ < 0) return false;
     pollfd p{fd_, POLLIN, 0};
@@ -298,7 +313,7 @@ class CqWatcher {
   Timer backstop_;
   WaitPolicy policy_;
   std::chrono::nanoseconds interval_;
-  std::vector<fi_cq_entry> entries_;
+  std::vector<Entry> entries_;
   fid_fabric* fabric_ = nullptr;
   fid_cq* cq_ = nullptr;
   int fd_ = -1;

@@ -103,9 +103,9 @@ void Endpoint::close() noexcept {
   local_address_.clear();
 }
 
-void Endpoint::open(const Configuration& configuration) {
+void Endpoint::open(const Configuration& configuration, CqFormat format) {
   std::error_code ec;
-  open(configuration, ec);
+  open(configuration, ec, format);
   if (!ec) return;
   const Provider provider = configuration.providers.empty() ? Provider::tcp : configuration.providers.front();
   std::string what = "opening the " + std::string(to_string(provider)) + " endpoint";
@@ -113,9 +113,10 @@ void Endpoint::open(const Configuration& configuration) {
   throw std::system_error(ec, what + ": " + failed_step_);
 }
 
-void Endpoint::open(const Configuration& configuration, std::error_code& ec) {
+void Endpoint::open(const Configuration& configuration, std::error_code& ec, CqFormat format) {
   close();
   failed_step_.clear();
+  cq_format_ = format;
   log_handler_ = configuration.log_handler;
   open_chosen(configuration, ec);
   const detail::Log log(log_handler_);
@@ -167,6 +168,9 @@ void Endpoint::open_objects(const Configuration& configuration, std::error_code&
   info_.requires_local_mr = (info.domain_attr->mr_mode & FI_MR_LOCAL) != 0 || configuration.force_local_registration;
   info_.uses_virtual_addressing = (info.domain_attr->mr_mode & FI_MR_VIRT_ADDR) != 0;
   info_.tx_size = info.tx_attr->size;
+  info_.cq_data_size = info.domain_attr->cq_data_size;
+  transmit_complete_flag_ =
+      detail::configured_provider(configuration) == Provider::efa_direct ? FI_TRANSMIT_COMPLETE : FI_INJECT_COMPLETE;
 
   auto check = [&](int code, const char* step) {
     if (code != 0) {
@@ -250,7 +254,7 @@ void Endpoint::read_wait_fd() noexcept {
 void Endpoint::open_cq(const Configuration& configuration, std::error_code& ec) {
   const std::size_t wanted_credits = requested_in_flight(configuration, info_.tx_size);
   fi_cq_attr attr{};
-  attr.format = FI_CQ_FORMAT_CONTEXT;
+  attr.format = cq_format_ == CqFormat::data ? FI_CQ_FORMAT_DATA : FI_CQ_FORMAT_CONTEXT;
   // Room for many peers' credits: a peer that stops answering holds its credits until their
   // deadline, and the others post meanwhile.
   attr.size = configuration.cq_size != 0 ? configuration.cq_size : std::max<std::size_t>(1024, 2 * wanted_credits);

@@ -212,7 +212,9 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
     registrar_.prepare(op, ec);
     return ec;
   }
-  ssize_t post(Operation& op, fi_addr_t peer, bool more) { return post_rma(endpoint_.endpoint(), op, peer, more); }
+  ssize_t post(Operation& op, fi_addr_t peer, bool more) {
+    return post_rma(endpoint_.endpoint(), op, peer, more, endpoint_.transmit_complete_flag());
+  }
   void posted(Operation& op) noexcept { reclaimer_.posted(op); }
   std::error_code refresh(Peer& peer) { return peers_->refresh(peer); }
   void fail_queued(Operation* op, std::error_code ec, std::string detail) {
@@ -248,6 +250,7 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
 
   void accept(Operation* op) {
     if (shutdown_.stopping()) return ledger_.refuse(op, errc::shutdown);
+    if (std::error_code ec = check_immediate_data(op->request, endpoint_.cq_data_size())) return ledger_.refuse(op, ec);
     ledger_.admit(op, accept_clock_, poster_);
   }
 

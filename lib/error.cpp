@@ -80,6 +80,12 @@ class LibraryCategory final : public std::error_category {
         return "the peer is marked unreachable and its back-off has not ended";
       case errc::remote_access_denied:
         return "the peer refused the access: wrong key, range outside its region, or missing access rights";
+      case errc::immediate_data_on_read:
+        return "immediate data can only be sent with a ToPeer transfer (a write), not a FromPeer one";
+      case errc::immediate_data_too_wide:
+        return "the immediate data needs more bytes than the provider's cq_data_size carries";
+      case errc::notifications_lost:
+        return "write notifications were lost: the target's notification queue was full";
     }
     return "unknown dma error " + std::to_string(value);
   }
@@ -102,6 +108,8 @@ class LibraryCategory final : public std::error_category {
       case errc::no_landing_buffer:
       case errc::landing_buffer_too_small:
       case errc::operand_range_overflows:
+      case errc::immediate_data_on_read:
+      case errc::immediate_data_too_wide:
         return condition::invalid_operand;
       case errc::progress_deadline:
       case errc::connection_refused:

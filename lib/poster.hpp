@@ -36,9 +36,31 @@
 
 namespace dma::detail {
 
-/// fi_writemsg (with FI_DELIVERY_COMPLETE: without it tcp reports a write with a bad key as
-/// successful) or fi_readmsg (fi_read takes no flags, so no FI_MORE) of op to peer.
-inline ssize_t post_rma(fid_ep* endpoint, Operation& op, fi_addr_t peer, bool more) noexcept {
+/// The flags a write of op is posted with besides FI_COMPLETION and FI_MORE: its completion level
+/// (FI_DELIVERY_COMPLETE, since without it tcp reports a write with a bad key as successful, or
+/// `transmit_flag` for CompletionLevel::transmit), and FI_REMOTE_CQ_DATA with immediate data.
+inline std::uint64_t write_flags(const TransferFields& request, std::uint64_t transmit_flag) noexcept {
+  std::uint64_t flags = request.completion == CompletionLevel::transmit ? transmit_flag : FI_DELIVERY_COMPLETE;
+  if (request.immediate_data) flags |= FI_REMOTE_CQ_DATA;
+  return flags;
+}
+
+/// Whether request can be posted at all on a provider with this cq_data_size: immediate data only
+/// on a write, and only as wide as the provider carries. Checked when a transfer is accepted.
+inline std::error_code check_immediate_data(const TransferFields& request, std::size_t cq_data_size) noexcept {
+  if (!request.immediate_data) return {};
+  if (request.direction != Direction::ToPeer) return errc::immediate_data_on_read;
+  if (cq_data_size == 0) return errc::immediate_data_too_wide;
+  if (cq_data_size < sizeof(std::uint64_t) && (*request.immediate_data >> (8 * cq_data_size)) != 0) {
+    return errc::immediate_data_too_wide;
+  }
+  return {};
+}
+
+/// fi_writemsg with write_flags(), or fi_readmsg (fi_read takes no flags, so no FI_MORE) of op to
+/// peer. `transmit_flag` is the endpoint's flag for CompletionLevel::transmit.
+inline ssize_t post_rma(fid_ep* endpoint, Operation& op, fi_addr_t peer, bool more,
+                        std::uint64_t transmit_flag) noexcept {
   iovec iov{op.buffer, op.length};
   fi_rma_iov rma{op.request.remote_address, op.length, op.request.remote_key};
   fi_msg_rma msg{};
@@ -50,7 +72,10 @@ inline ssize_t post_rma(fid_ep* endpoint, Operation& op, fi_addr_t peer, bool mo
   msg.rma_iov_count = 1;
   msg.context = op.as_context();
   const std::uint64_t flags = FI_COMPLETION | (more ? FI_MORE : 0);
-  if (op.request.direction == Direction::ToPeer) return fi_writemsg(endpoint, &msg, flags | FI_DELIVERY_COMPLETE);
+  if (op.request.direction == Direction::ToPeer) {
+    msg.data = op.request.immediate_data.value_or(0);
+    return fi_writemsg(endpoint, &msg, flags | write_flags(op.request, transmit_flag));
+  }
   return fi_readmsg(endpoint, &msg, flags);
 }
 

@@ -6,7 +6,10 @@
 #include "completion_error.hpp"
 #include "cq_watcher.hpp"
 #include "log.hpp"
+#include "notification_queue.hpp"
 
+#include <asio/bind_allocator.hpp>
+#include <asio/error.hpp>
 #include <asio/post.hpp>
 
 #include <rdma/fi_domain.h>
@@ -32,6 +35,33 @@ std::uint64_t access_bits(Target::Access access) {
   return FI_REMOTE_READ | FI_REMOTE_WRITE;
 }
 
+// A waiter's completion posted to the Target's executor: frees the waiter unrun if the executor
+// drops it.
+struct PostedCompletion {
+  PostedCompletion(detail::NotificationWaiter* w, std::error_code e) noexcept : waiter(w), ec(e) {}
+  PostedCompletion(PostedCompletion&& other) noexcept : waiter(std::exchange(other.waiter, nullptr)), ec(other.ec) {}
+  PostedCompletion(const PostedCompletion&) = delete;
+  PostedCompletion& operator=(const PostedCompletion&) = delete;
+  PostedCompletion& operator=(PostedCompletion&&) = delete;
+  ~PostedCompletion() {
+    if (waiter != nullptr) waiter->destroy(waiter);
+  }
+  void operator()() {
+    detail::NotificationWaiter* w = std::exchange(waiter, nullptr);
+    w->complete(w, ec, WriteNotification{});
+  }
+  detail::NotificationWaiter* waiter;
+  std::error_code ec;
+};
+
+std::size_t checked_queue_capacity(const Configuration& configuration) {
+  if (configuration.notification_queue == 0 || configuration.notification_queue > (std::size_t{1} << 20)) {
+    throw std::system_error(errc::invalid_configuration, "notification_queue must be 1 to 1048576, not " +
+                                                             std::to_string(configuration.notification_queue));
+  }
+  return configuration.notification_queue;
+}
+
 std::uint64_t random_key() {
   static thread_local std::mt19937_64 engine{[] {
     std::random_device device;
@@ -43,14 +73,16 @@ std::uint64_t random_key() {
 }  // namespace
 
 // Everything libfabric is touched under `mutex` (the endpoint is FI_THREAD_DOMAIN): the progress
-// handlers on the executor and expose/withdraw from any thread.
+// handlers on the executor and expose/withdraw from any thread. The notification queue and the
+// waiters are kept under it too; waiters and the callback run outside it, one delivery at a time.
 struct Target::State : std::enable_shared_from_this<State> {
-  using Watcher = detail::CqWatcher<executor_type>;
+  using Watcher = detail::CqWatcher<executor_type, fi_cq_data_entry>;
 
   State(const executor_type& executor, const Configuration& configuration)
       : executor(executor),
         log(configuration.log_handler),
-        watcher(executor, configuration, detail::WaitPolicy::WithoutFd::backstop) {
+        watcher(executor, configuration, detail::WaitPolicy::WithoutFd::backstop),
+        queue(checked_queue_capacity(configuration)) {
     watcher.set_log(log);
   }
 
@@ -59,25 +91,33 @@ struct Target::State : std::enable_shared_from_this<State> {
     asio::post(executor, [self = shared_from_this()] { self->on_cq_event(detail::CqEvent::wake); });
   }
 
-  // A passive target sees no completions, so its only sign of traffic is the wait fd: a wake-up
-  // (or fi_trywait saying work is pending) starts an adaptive spin. The spin matters to the
+  // A passive target sees no completions of its own, so its only sign of traffic is the wait fd: a
+  // wake-up (or fi_trywait saying work is pending) starts an adaptive spin. The spin matters to the
   // initiator as much as to the target: data arriving at a target that is still polling needs no
   // wake-up, and over loopback the initiator's sendmsg pays for each one.
   void on_cq_event(detail::CqEvent event) {
-    std::lock_guard lock(mutex);
-    if (stopped) return;
-    watcher.accept(event);
-    passes.fetch_add(1, std::memory_order_relaxed);
-    drain();  // which is what moves tcp's manual progress
-    watcher.arm_backstop(shared_from_this());
-    if (watcher.wait(shared_from_this(), false) == detail::CqWaited::armed) drain();
+    {
+      std::lock_guard lock(mutex);
+      if (stopped) return;
+      watcher.accept(event);
+      passes.fetch_add(1, std::memory_order_relaxed);
+      drain();  // which is what moves tcp's manual progress
+      watcher.arm_backstop(shared_from_this());
+      if (watcher.wait(shared_from_this(), false) == detail::CqWaited::armed) drain();
+      if (!queue.ready() || (waiters == nullptr && !callback)) return;
+    }
+    deliver();
   }
 
-  // The target posts nothing of its own: its entries are read and dropped, errors logged (at the
-  // 1st, 2nd, 4th, … one: a misbehaving initiator may cause many).
+  // The target posts nothing of its own: its entries are peers' writes with immediate data, which
+  // go to the notification queue; errors are logged (at the 1st, 2nd, 4th, … one: a misbehaving
+  // initiator may cause many).
   struct Sink {
     State& state;
-    void completed(void*, detail::DrainPlace) noexcept {}
+    void completed(const fi_cq_data_entry& entry, detail::DrainPlace) noexcept {
+      if ((entry.flags & FI_REMOTE_CQ_DATA) == 0) return;
+      (void)state.queue.push({entry.data, entry.len, entry.flags});
+    }
     void first_done() noexcept {}
     int failed(fid_cq* cq, const fi_cq_err_entry& entry) noexcept {
       if (!detail::log_occurrence(++state.errors)) return 0;
@@ -93,25 +133,116 @@ struct Target::State : std::enable_shared_from_this<State> {
     (void)watcher.drain(endpoint.cq(), sink);
   }
 
+  // Hands queued notifications to waiters, then to the callback, outside the lock. One thread
+  // delivers at a time, which keeps the order; another that finds it busy leaves the work to it.
+  void deliver() {
+    std::unique_lock lock(mutex);
+    if (delivering) return;
+    delivering = true;
+    struct Done {
+      State& state;
+      std::unique_lock<std::mutex>& lock;
+      ~Done() {
+        if (!lock.owns_lock()) lock.lock();
+        state.delivering = false;
+      }
+    } done{*this, lock};
+    while (!stopped && queue.ready() && (waiters != nullptr || callback)) {
+      detail::Notification taken;
+      std::uint64_t lost = 0;
+      std::error_code ec;
+      WriteNotification out;
+      if (queue.pop(taken, lost) == detail::NotificationQueue::Popped::lost) {
+        ec = errc::notifications_lost;
+        out.data = lost;
+      } else {
+        out.data = taken.data;
+        if (taken.length != 0) out.length = taken.length;
+      }
+      detail::NotificationWaiter* waiter = pop_waiter();
+      std::shared_ptr<const NotificationCallback> call = waiter == nullptr ? callback : nullptr;
+      lock.unlock();
+      if (waiter != nullptr) {
+        waiter->complete(waiter, ec, out);
+      } else {
+        (*call)(ec, out);
+      }
+      lock.lock();
+    }
+  }
+
+  detail::NotificationWaiter* pop_waiter() noexcept {
+    detail::NotificationWaiter* w = waiters;
+    if (w != nullptr) unlink(w);
+    return w;
+  }
+  void unlink(detail::NotificationWaiter* w) noexcept {
+    if (w->prev != nullptr) {
+      w->prev->next = w->next;
+    } else {
+      waiters = w->next;
+    }
+    if (w->next != nullptr) {
+      w->next->prev = w->prev;
+    } else {
+      last_waiter = w->prev;
+    }
+    w->next = w->prev = nullptr;
+  }
+  void append(detail::NotificationWaiter* w) noexcept {
+    w->prev = last_waiter;
+    w->next = nullptr;
+    if (last_waiter != nullptr) {
+      last_waiter->next = w;
+    } else {
+      waiters = w;
+    }
+    last_waiter = w;
+  }
+
+  void post_completion(detail::NotificationWaiter* w, std::error_code ec) {
+    asio::post(executor, asio::bind_allocator(detail::PoolAllocator<void>(), PostedCompletion(w, ec)));
+  }
+  void post_deliver() {
+    asio::post(executor,
+               asio::bind_allocator(detail::PoolAllocator<void>(), [self = shared_from_this()] { self->deliver(); }));
+  }
+
   void stop() {
-    std::lock_guard lock(mutex);
-    stopped = true;
-    watcher.close();
+    detail::NotificationWaiter* pending = nullptr;
+    {
+      std::lock_guard lock(mutex);
+      stopped = true;
+      watcher.close();
+      pending = std::exchange(waiters, nullptr);
+      last_waiter = nullptr;
+    }
+    while (pending != nullptr) {
+      detail::NotificationWaiter* w = std::exchange(pending, pending->next);
+      w->next = w->prev = nullptr;
+      post_completion(w, asio::error::operation_aborted);
+    }
   }
 
   executor_type executor;
-  std::mutex mutex;
+  mutable std::mutex mutex;
   Endpoint endpoint;
   detail::Log log;
   Watcher watcher;
   std::uint64_t errors = 0;
+  detail::NotificationQueue queue;
+  detail::NotificationWaiter* waiters = nullptr;  // oldest first
+  detail::NotificationWaiter* last_waiter = nullptr;
+  std::shared_ptr<const NotificationCallback> callback;
+  bool delivering = false;
   bool stopped = false;
   std::atomic<std::uint64_t> passes{0};
+  std::atomic<std::uint64_t> waiter_ids{0};
 };
 
 Target::Target(const executor_type& executor, const Configuration& configuration)
     : state_(std::make_shared<State>(executor, configuration)) {
-  state_->endpoint.open(configuration);
+  state_->endpoint.open(configuration, Endpoint::CqFormat::data);
   state_->start();
 }
 
@@ -172,6 +303,55 @@ std::span<const std::uint8_t> Target::local_address() const noexcept { return st
 EndpointInfo Target::describe() const { return state_->endpoint.describe(); }
 Target::executor_type Target::get_executor() const noexcept { return state_->executor; }
 std::uint64_t Target::progress_passes() const noexcept { return state_->passes.load(std::memory_order_relaxed); }
+
+std::uint64_t Target::next_waiter_id() noexcept {
+  return state_->waiter_ids.fetch_add(1, std::memory_order_relaxed) + 1;
+}
+
+void Target::start_wait(detail::NotificationWaiter* waiter) {
+  State& state = *state_;
+  std::unique_lock lock(state.mutex);
+  if (state.stopped) {
+    lock.unlock();
+    return state.post_completion(waiter, asio::error::operation_aborted);
+  }
+  state.append(waiter);
+  const bool ready = state.queue.ready() && !state.delivering;
+  lock.unlock();
+  if (ready) state.post_deliver();  // never inline: the handler must not run inside the initiation
+}
+
+void Target::cancel_wait(const std::shared_ptr<State>& state, std::uint64_t id) {
+  std::unique_lock lock(state->mutex);
+  detail::NotificationWaiter* w = state->waiters;
+  while (w != nullptr && w->id != id)
+    w = w->next;
+  if (w == nullptr) return;  // already completed
+  state->unlink(w);
+  lock.unlock();
+  state->post_completion(w, asio::error::operation_aborted);
+}
+
+void Target::set_notification_callback(NotificationCallback callback) {
+  auto shared = callback ? std::make_shared<const NotificationCallback>(std::move(callback)) : nullptr;
+  bool ready = false;
+  {
+    std::lock_guard lock(state_->mutex);
+    state_->callback = std::move(shared);
+    ready = state_->callback && state_->queue.ready() && !state_->delivering;
+  }
+  if (ready) state_->post_deliver();
+}
+
+std::uint64_t Target::notifications_lost() const {
+  std::lock_guard lock(state_->mutex);
+  return state_->queue.overflows();
+}
+
+std::size_t Target::notifications_queued() const {
+  std::lock_guard lock(state_->mutex);
+  return state_->queue.size();
+}
 
 Target::Region::Region() noexcept = default;
 Target::Region::Region(Region&& other) noexcept

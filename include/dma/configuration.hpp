@@ -121,6 +121,10 @@ struct Configuration {
   std::chrono::nanoseconds backstop_interval = std::chrono::milliseconds(10);
   /// Completion queue entries read per fi_cq_read call.
   std::size_t cq_batch = 16;
+  /// A Target's queue of write notifications (writes with immediate data) that no waiter has
+  /// taken yet, 1 to 2^20: allocated once when the Target opens. Past it notifications are
+  /// dropped and counted, and the next waiter gets errc::notifications_lost in their place.
+  std::size_t notification_queue = 4096;
 
   /// Register every local operand (FI_MR_LOCAL) even where the provider does not need it, e.g. on
   /// tcp: runs the registration and cache path that efa-direct uses, on a laptop.

@@ -14,6 +14,7 @@
 #include <dma/log.hpp>
 #include <dma/memory_region.hpp>
 #include <dma/metrics.hpp>
+#include <dma/notification.hpp>
 #include <dma/peer_address.hpp>
 #include <dma/pool.hpp>
 #include <dma/target.hpp>

@@ -35,6 +35,7 @@ struct EndpointInfo {
   std::size_t credits = 0;               ///< transfers the service posts at once to one peer
   std::size_t in_flight_limit = 0;       ///< transfers posted at once to all peers: min(tx_size, cq_size)
   bool wait_fd = false;                  ///< whether the CQ has an FI_WAIT_FD descriptor
+  std::size_t cq_data_size = 0;          ///< domain_attr->cq_data_size: bytes of immediate data a write carries
 
   /// provider, addr_format, mr_mode, caps, requires_local_mr, uses_virtual_addressing: the seed's
   /// six lines, with libfabric's own names (fi_tostr_r) for the address format and every flag.
@@ -56,6 +57,12 @@ std::string fabric_version();
 /// the library lacks. Not thread-safe: one thread (or strand) at a time.
 class Endpoint {
  public:
+  /// What the completion queue's entries hold.
+  enum class CqFormat {
+    context,  ///< FI_CQ_FORMAT_CONTEXT: the operation only (the services)
+    data,     ///< FI_CQ_FORMAT_DATA: also flags, length and immediate data (a Target's notifications)
+  };
+
   /// A closed endpoint; open() opens it.
   Endpoint() noexcept;
   /// close().
@@ -68,9 +75,10 @@ class Endpoint {
   /// enable. A failure closes whatever was opened and names the step that failed.
   /// Throws std::system_error naming the provider, bind address and step, e.g. "opening the tcp
   /// endpoint bound to 10.9.9.9: fi_endpoint: Cannot assign requested address".
-  void open(const Configuration& configuration);
-  /// As open(configuration), reporting a failure through `ec`; failed_step() names the step.
-  void open(const Configuration& configuration, std::error_code& ec);
+  /// The CQ holds entries of `format`.
+  void open(const Configuration& configuration, CqFormat format = CqFormat::context);
+  /// As open(configuration, format), reporting a failure through `ec`; failed_step() names the step.
+  void open(const Configuration& configuration, std::error_code& ec, CqFormat format = CqFormat::context);
   /// After a failed open: the step that failed, e.g. "fi_av_open".
   const std::string& failed_step() const noexcept { return failed_step_; }
   /// Closes endpoint, CQ, AV, domain and fabric, in that order.
@@ -107,6 +115,13 @@ class Endpoint {
   std::size_t credits() const noexcept { return info_.credits; }
   /// EndpointInfo::in_flight_limit: transfers posted at once to all peers.
   std::size_t in_flight_limit() const noexcept { return info_.in_flight_limit; }
+  /// EndpointInfo::cq_data_size.
+  std::size_t cq_data_size() const noexcept { return info_.cq_data_size; }
+  /// The write flag for CompletionLevel::transmit: FI_TRANSMIT_COMPLETE on efa-direct,
+  /// FI_INJECT_COMPLETE elsewhere (tcp treats FI_TRANSMIT_COMPLETE as FI_DELIVERY_COMPLETE).
+  std::uint64_t transmit_complete_flag() const noexcept { return transmit_complete_flag_; }
+  /// The completion queue's entry format.
+  CqFormat cq_format() const noexcept { return cq_format_; }
   /// The CQ's wait descriptor (owned by libfabric: never close it), or -1 without one.
   int wait_fd() const noexcept { return wait_fd_; }
 
@@ -125,7 +140,7 @@ class Endpoint {
   fid_domain* domain() const noexcept { return domain_.get(); }
   /// The address vector, FI_AV_MAP (owned by the Endpoint; null when closed).
   fid_av* av() const noexcept { return av_.get(); }
-  /// The completion queue, FI_CQ_FORMAT_CONTEXT (owned by the Endpoint; null when closed).
+  /// The completion queue, in cq_format() (owned by the Endpoint; null when closed).
   fid_cq* cq() const noexcept { return cq_.get(); }
   /// The FI_EP_RDM endpoint (owned by the Endpoint; null when closed).
   fid_ep* endpoint() const noexcept { return endpoint_.get(); }
@@ -149,6 +164,8 @@ class Endpoint {
   EndpointInfo info_;
   std::vector<std::uint8_t> local_address_;
   int wait_fd_ = -1;
+  CqFormat cq_format_ = CqFormat::context;
+  std::uint64_t transmit_complete_flag_ = FI_INJECT_COMPLETE;
   fi_cq_attr cq_attr_{};
   std::string failed_step_;
   LogHandler log_handler_;  ///< the configuration's, for the opens and replacements it logs

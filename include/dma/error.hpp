@@ -53,6 +53,10 @@ enum class errc {
   connection_lost,       ///< the connection broke with the transfer on it (peer died or rejected it; see docs)
   peer_unreachable,      ///< the peer is marked unreachable: transfers fail at once until its back-off ends
   remote_access_denied,  ///< the peer refused the access: wrong key, range outside its region, access rights
+  // Immediate data and write notifications.
+  immediate_data_on_read,   ///< a FromPeer request carried immediate data (only writes carry it)
+  immediate_data_too_wide,  ///< the immediate data needs more bytes than the provider's cq_data_size
+  notifications_lost,       ///< the target's notification queue was full: notifications were dropped here
 };
 
 /// Broad classes a caller can branch on: `if (ec == dma::condition::peer_unreachable)`. Codes of
@@ -64,8 +68,10 @@ enum class condition {
   /// errc::connection_refused, errc::peer_unreachable; libfabric's FI_ECONNREFUSED,
   /// FI_EHOSTUNREACH, FI_ENETUNREACH, FI_EADDRNOTAVAIL.
   peer_unreachable,
-  /// The caller's context did not supply a usable operand: errc::no_source,
-  /// errc::no_landing_buffer, errc::landing_buffer_too_small, errc::operand_range_overflows.
+  /// The caller's context did not supply a usable operand, or the request asks for what its
+  /// operation cannot carry: errc::no_source, errc::no_landing_buffer,
+  /// errc::landing_buffer_too_small, errc::operand_range_overflows, errc::immediate_data_on_read,
+  /// errc::immediate_data_too_wide.
   invalid_operand,
   /// The library gave the transfer up itself: errc::shutdown, errc::peer_removed. A cancellation
   /// through the handler's slot is asio::error::operation_aborted instead, which is not this.

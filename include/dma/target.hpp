@@ -8,19 +8,102 @@
 #include <dma/advertisement.hpp>
 #include <dma/config.hpp>
 #include <dma/configuration.hpp>
+#include <dma/detail/block_pool.hpp>
 #include <dma/endpoint.hpp>
+#include <dma/notification.hpp>
 
 #include <asio/any_io_executor.hpp>
+#include <asio/associated_allocator.hpp>
+#include <asio/associated_cancellation_slot.hpp>
+#include <asio/associated_executor.hpp>
+#include <asio/async_result.hpp>
+#include <asio/bind_allocator.hpp>
+#include <asio/cancellation_type.hpp>
+#include <asio/dispatch.hpp>
+#include <asio/execution/outstanding_work.hpp>
 #include <asio/execution_context.hpp>
+#include <asio/prefer.hpp>
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <system_error>
 #include <type_traits>
+#include <utility>
 
 namespace dma {
+namespace detail {
+
+/// A pending Target::async_wait_written, its handler's type erased.
+struct NotificationWaiter {
+  /// Frees the waiter, then runs its handler with (ec, notification) on the handler's executor.
+  /// Called on the Target's executor, outside the Target's lock.
+  void (*complete)(NotificationWaiter* waiter, std::error_code ec, const WriteNotification& notification) = nullptr;
+  /// Frees the waiter without running its handler.
+  void (*destroy)(NotificationWaiter* waiter) noexcept = nullptr;
+  NotificationWaiter* next = nullptr;
+  NotificationWaiter* prev = nullptr;
+  std::uint64_t id = 0;  ///< what a cancellation names it by
+};
+
+/// The waiter of one handler, allocated with the handler's associated allocator (the library's
+/// block pool by default).
+template <typename Handler, typename IoExecutor>
+struct NotificationWaiterFor final : NotificationWaiter {
+  using HandlerExecutor = asio::associated_executor_t<Handler, IoExecutor>;
+  using WorkExecutor = std::decay_t<decltype(asio::prefer(std::declval<const HandlerExecutor&>(),
+                                                          asio::execution::outstanding_work.tracked))>;
+  using Allocator = typename std::allocator_traits<
+      asio::associated_allocator_t<Handler, PoolAllocator<void>>>::template rebind_alloc<NotificationWaiterFor>;
+
+  NotificationWaiterFor(Handler&& handler_in, const IoExecutor& io_executor)
+      : handler(std::move(handler_in)),
+        work(asio::prefer(asio::get_associated_executor(handler, io_executor),
+                          asio::execution::outstanding_work.tracked)) {
+    complete = &run;
+    destroy = &free;
+  }
+
+  static NotificationWaiterFor* create(Handler&& handler, const IoExecutor& io_executor) {
+    Allocator allocator(asio::get_associated_allocator(handler, PoolAllocator<void>()));
+    NotificationWaiterFor* waiter = std::allocator_traits<Allocator>::allocate(allocator, 1);
+    try {
+      std::allocator_traits<Allocator>::construct(allocator, waiter, std::move(handler), io_executor);
+    } catch (...) {
+      std::allocator_traits<Allocator>::deallocate(allocator, waiter, 1);
+      throw;
+    }
+    return waiter;
+  }
+
+  static void free(NotificationWaiter* base) noexcept {
+    auto* waiter = static_cast<NotificationWaiterFor*>(base);
+    Allocator allocator(asio::get_associated_allocator(waiter->handler, PoolAllocator<void>()));
+    std::allocator_traits<Allocator>::destroy(allocator, waiter);
+    std::allocator_traits<Allocator>::deallocate(allocator, waiter, 1);
+  }
+
+  static void run(NotificationWaiter* base, std::error_code ec, const WriteNotification& notification) {
+    auto* waiter = static_cast<NotificationWaiterFor*>(base);
+    auto slot = asio::get_associated_cancellation_slot(waiter->handler);
+    if (slot.is_connected()) slot.clear();
+    Handler handler(std::move(waiter->handler));
+    WorkExecutor executor(std::move(waiter->work));
+    free(waiter);
+    auto allocator = asio::get_associated_allocator(handler, PoolAllocator<void>());
+    asio::dispatch(executor,
+                   asio::bind_allocator(allocator, [handler = std::move(handler), ec, notification]() mutable {
+                     std::move(handler)(ec, notification);
+                   }));
+  }
+
+  Handler handler;
+  WorkExecutor work;
+};
+
+}  // namespace detail
 
 /// The passive peer: exposes buffers for the server to write into or read from, and drives the
 /// progress that tcp needs on the target side. Every member may be called from any thread.
@@ -106,7 +189,54 @@ class Target {
   /// Progress passes run so far (wake-ups, adaptive polls and backstop timer ticks).
   std::uint64_t progress_passes() const noexcept;
 
+  /// The completion signature of async_wait_written.
+  using wait_written_signature = void(std::error_code, WriteNotification);
+  /// Waits for the next write with immediate data into any of this target's regions. Completes
+  /// with the oldest queued notification, or, when none is queued, with the next one to arrive;
+  /// with errc::notifications_lost (data: how many) where the queue was full and notifications
+  /// were dropped; with asio::error::operation_aborted when cancelled through the handler's
+  /// cancellation slot or when the Target is destroyed. Waiters are served in the order they
+  /// started. The handler never runs inside this call: it runs on its associated executor (by
+  /// default the Target's), outside the Target's lock. Takes any Asio completion token.
+  template <typename CompletionToken>
+  auto async_wait_written(CompletionToken&& token) {
+    return asio::async_initiate<CompletionToken, wait_written_signature>(
+        [this](auto handler) {
+          using Waiter = detail::NotificationWaiterFor<std::decay_t<decltype(handler)>, executor_type>;
+          Waiter* waiter = Waiter::create(std::move(handler), get_executor());
+          waiter->id = next_waiter_id();
+          auto slot = asio::get_associated_cancellation_slot(waiter->handler);
+          if (slot.is_connected()) slot.template emplace<WaitCanceller>(state_, waiter->id);
+          start_wait(waiter);
+        },
+        token);
+  }
+
+  /// What a notification callback receives: as async_wait_written's handler.
+  using NotificationCallback = std::function<wait_written_signature>;
+  /// Hands every notification no async_wait_written waiter takes to `callback`, on the Target's
+  /// executor, outside its lock, one at a time in order (pending waiters are served first). An
+  /// empty function goes back to queueing them.
+  void set_notification_callback(NotificationCallback callback);
+
+  /// Notifications dropped so far because the queue (Configuration::notification_queue) was full.
+  std::uint64_t notifications_lost() const;
+  /// Notifications queued now, waiting for a waiter or the callback.
+  std::size_t notifications_queued() const;
+
  private:
+  struct WaitCanceller {
+    WaitCanceller(std::shared_ptr<State> s, std::uint64_t i) noexcept : state(std::move(s)), id(i) {}
+    std::shared_ptr<State> state;
+    std::uint64_t id;
+    void operator()(asio::cancellation_type type) const {
+      if (type != asio::cancellation_type::none) cancel_wait(state, id);
+    }
+  };
+  std::uint64_t next_waiter_id() noexcept;
+  void start_wait(detail::NotificationWaiter* waiter);
+  static void cancel_wait(const std::shared_ptr<State>& state, std::uint64_t id);
+
   std::shared_ptr<State> state_;
 };
 

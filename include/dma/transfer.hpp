@@ -25,6 +25,18 @@ enum class Direction {
   FromPeer,  ///< fi_read: `length` bytes of the peer's buffer into Operands::allocate(length)
 };
 
+/// When a write counts as complete (TransferFields::completion). Reads always complete once the
+/// bytes are in the local buffer.
+enum class CompletionLevel {
+  /// The peer has the bytes (FI_DELIVERY_COMPLETE): a bad key, a range outside the peer's region
+  /// or missing access rights fails this write.
+  delivery,
+  /// The local buffer may be reused (FI_INJECT_COMPLETE on tcp, FI_TRANSMIT_COMPLETE on
+  /// efa-direct). Cheaper, but on tcp a write the peer refuses completes successfully; the peer
+  /// then closes the connection and the next transfer on it fails with condition::connection_lost.
+  transmit,
+};
+
 /// What a successful transfer did.
 struct TransferDone {
   std::size_t bytes = 0;                  ///< the operand length
@@ -116,6 +128,13 @@ struct TransferFields {
   /// From acceptance to completion; none means Configuration::transfer_deadline, dma::no_deadline
   /// none at all. Past it the transfer fails with errc::timed_out.
   std::optional<std::chrono::nanoseconds> deadline;
+  /// ToPeer only: a value the peer's Target receives as a WriteNotification once the bytes have
+  /// landed (FI_REMOTE_CQ_DATA). On a FromPeer request the transfer fails with
+  /// errc::immediate_data_on_read; a value wider than the provider's cq_data_size fails with
+  /// errc::immediate_data_too_wide (tcp carries all 64 bits).
+  std::optional<std::uint64_t> immediate_data;
+  /// ToPeer only: when the write counts as complete; see CompletionLevel.
+  CompletionLevel completion = CompletionLevel::delivery;
 };
 
 /// One transfer: its TransferFields and the caller's context. The context owns (or refers to) the

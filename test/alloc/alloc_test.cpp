@@ -80,6 +80,42 @@ TEST_CASE("steady-state awaitable transfers allocate nothing", "[alloc]") {
   CHECK(after - before == 0);
 }
 
+TEST_CASE("steady-state writes with immediate data allocate nothing, the target's notifications included", "[alloc]") {
+  test::RemoteBuffer remote(64 * depth);
+  std::atomic<std::uint64_t> heard{0};
+  remote.target().set_notification_callback([&](std::error_code ec, dma::WriteNotification) {
+    if (!ec) heard.fetch_add(1, std::memory_order_relaxed);
+  });
+  asio::io_context io(1);
+  dma::asynchronous::FabricService<Slice> service(io, configuration(dma::WaitMode::adaptive));
+  std::vector<std::byte> local(64 * depth, std::byte{5});
+  int done = 0, failed = 0;
+  std::uint64_t before = 0, after = 0;
+  auto lane = [&](int index) -> asio::awaitable<void> {
+    auto request =
+        remote.request(dma::Direction::ToPeer, Slice{std::span(local).subspan(index * 64, 64)}, 0, index * 64);
+    request.immediate_data = static_cast<std::uint64_t>(index);
+    while (done < warm_up + window) {
+      auto [slice, outcome] = co_await service.submit(request);
+      if (!outcome) ++failed;
+      if (++done == warm_up) before = allocations.load();
+      if (done == warm_up + window) after = allocations.load();
+    }
+  };
+  for (int i = 0; i < depth; ++i)
+    asio::co_spawn(io, lane(i), asio::detached);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (done < warm_up + window + depth - 1 && std::chrono::steady_clock::now() < deadline) {
+    io.restart();
+    io.run_for(std::chrono::milliseconds(50));
+  }
+  REQUIRE(done >= warm_up + window);
+  CHECK(failed == 0);
+  CHECK(heard.load() > 0);
+  INFO("allocations in " << window << " transfers: " << after - before);
+  CHECK(after - before == 0);
+}
+
 TEST_CASE("steady-state callback transfers allocate nothing", "[alloc]") {
   const auto mode = GENERATE(dma::WaitMode::fd, dma::WaitMode::adaptive, dma::WaitMode::busy_poll);
   INFO("wait mode " << dma::to_string(mode));

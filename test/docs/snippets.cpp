@@ -129,6 +129,30 @@ void cancel(Service& service, dma::TransferRequest<Bytes> request) {
   signal.emit(asio::cancellation_type::terminal);
 }
 
+asio::awaitable<void> immediate_data(Service& service, dma::TransferRequest<Bytes> request) {
+  request.immediate_data = 42;  // the target's async_wait_written hears 42 once the bytes have landed
+  auto completion = co_await service.submit(std::move(request));
+}
+
+asio::awaitable<void> wait_written(dma::Target& target) {
+  auto [ec, notification] = co_await target.async_wait_written(dma::compat::as_tuple(asio::use_awaitable));
+  if (ec == dma::errc::notifications_lost) {
+    // the queue was full: notification.data notifications were dropped here
+  } else if (!ec) {
+    std::uint64_t value = notification.data;             // the writer's immediate_data
+    std::optional<std::size_t> n = notification.length;  // none on tcp, which does not report it
+  }
+}
+
+void notification_callback(dma::Target& target) {
+  target.set_notification_callback([](std::error_code ec, dma::WriteNotification notification) { /* ... */ });
+}
+
+asio::awaitable<void> completion_level(Service& service, dma::TransferRequest<Bytes> request) {
+  request.completion = dma::CompletionLevel::transmit;  // done once the local buffer is free again
+  auto completion = co_await service.submit(std::move(request));
+}
+
 asio::awaitable<void> peers(Service& service, const dma::Advertisement& peer) {
   co_await service.add_peer(1, peer.address);  // throws std::system_error on a bad address
   auto [ec] = co_await service.add_peer(1, peer.address, dma::compat::as_tuple(asio::use_awaitable));

@@ -169,3 +169,29 @@ TEST_CASE("any other post error fails that transfer and the rest still post", "[
   CHECK(rig.host.failures[0].first == bad);
   CHECK(rig.host.posts.size() == 1);
 }
+
+TEST_CASE("a write's flags follow its completion level and immediate data", "[unit][poster]") {
+  using dma::detail::write_flags;
+  dma::TransferFields request;
+  CHECK(write_flags(request, FI_INJECT_COMPLETE) == FI_DELIVERY_COMPLETE);
+  request.completion = dma::CompletionLevel::transmit;
+  CHECK(write_flags(request, FI_INJECT_COMPLETE) == FI_INJECT_COMPLETE);
+  CHECK(write_flags(request, FI_TRANSMIT_COMPLETE) == FI_TRANSMIT_COMPLETE);
+  request.immediate_data = 0;
+  CHECK(write_flags(request, FI_INJECT_COMPLETE) == (FI_INJECT_COMPLETE | FI_REMOTE_CQ_DATA));
+}
+
+TEST_CASE("immediate data is refused on a read and when wider than cq_data_size", "[unit][poster]") {
+  using dma::detail::check_immediate_data;
+  dma::TransferFields request;
+  CHECK_FALSE(check_immediate_data(request, 0));  // no immediate data: nothing to check
+  request.immediate_data = 0xffff'ffff;
+  CHECK_FALSE(check_immediate_data(request, 8));
+  CHECK_FALSE(check_immediate_data(request, 4));
+  CHECK(check_immediate_data(request, 0) == dma::errc::immediate_data_too_wide);
+  request.immediate_data = 0x1'0000'0000;
+  CHECK(check_immediate_data(request, 4) == dma::errc::immediate_data_too_wide);
+  CHECK(check_immediate_data(request, 4) == dma::condition::invalid_operand);
+  request.direction = dma::Direction::FromPeer;
+  CHECK(check_immediate_data(request, 8) == dma::errc::immediate_data_on_read);
+}

@@ -1,0 +1,233 @@
+// Writes with immediate data and completion levels over tcp on 127.0.0.1: the Target's
+// notifications, their queue's overflow, cancellation, and what each completion level reports.
+#include "fixture.hpp"
+
+#include <asio/bind_cancellation_slot.hpp>
+#include <asio/cancellation_signal.hpp>
+#include <asio/post.hpp>
+
+#include <atomic>
+#include <mutex>
+
+using dma::Direction;
+using Service = dma::asynchronous::FabricService<test::Payload>;
+
+namespace {
+
+dma::Configuration with_queue(std::size_t capacity) {
+  auto c = test::loopback_configuration();
+  c.notification_queue = capacity;
+  return c;
+}
+
+dma::Completion<test::Payload> await_one(asio::io_context& io, Service& service,
+                                         dma::TransferRequest<test::Payload> request) {
+  std::promise<dma::Completion<test::Payload>> promise;
+  auto future = promise.get_future();
+  service.submit(std::move(request), [&](dma::Completion<test::Payload> c) { promise.set_value(std::move(c)); });
+  REQUIRE(test::run_until(io, future));
+  return future.get();
+}
+
+struct Waited {
+  std::error_code ec;
+  dma::WriteNotification notification;
+};
+
+// One async_wait_written, bounded in time.
+Waited wait_written(dma::Target& target, std::chrono::seconds bound = std::chrono::seconds(20)) {
+  std::promise<Waited> promise;
+  auto future = promise.get_future();
+  target.async_wait_written([&](std::error_code ec, dma::WriteNotification n) { promise.set_value(Waited{ec, n}); });
+  REQUIRE(future.wait_for(bound) == std::future_status::ready);
+  return future.get();
+}
+
+// Submits `count` 64-byte writes with immediate data first + i and runs io until all completed.
+std::size_t write_with_data(asio::io_context& io, Service& service, const test::RemoteBuffer& remote,
+                            std::uint64_t first, std::size_t count) {
+  std::size_t ok = 0;
+  std::size_t done = 0;
+  for (std::size_t i = 0; i < count; ++i) {
+    auto r =
+        remote.request(Direction::ToPeer, test::Payload{test::pattern(64, static_cast<unsigned>(i))}, 0, (i % 64) * 64);
+    r.immediate_data = first + i;
+    service.submit(std::move(r), [&](dma::Completion<test::Payload> c) {
+      ++done;
+      if (c.outcome.ok()) ++ok;
+    });
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (done < count && std::chrono::steady_clock::now() < deadline) {
+    io.restart();
+    io.run_for(std::chrono::milliseconds(10));
+  }
+  REQUIRE(done == count);
+  return ok;
+}
+
+// Waits, bounded, until the target has taken `count` notifications off its CQ (queued or lost).
+bool target_has_seen(dma::Target& target, std::uint64_t count) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (target.notifications_queued() + target.notifications_lost() < count) {
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("10,000 writes with immediate data give 10,000 notifications, queued while nobody waits",
+          "[loopback][notification]") {
+  test::RemoteBuffer remote(64 * 64, std::byte{0}, with_queue(16384));
+  asio::io_context io;
+  Service service(io, test::loopback_configuration());
+  constexpr std::size_t count = 10'000;
+
+  REQUIRE(write_with_data(io, service, remote, 1000, count) == count);
+  REQUIRE(target_has_seen(remote.target(), count));
+
+  std::vector<bool> seen(count, false);
+  std::size_t distinct = 0;
+  for (std::size_t i = 0; i < count; ++i) {
+    const Waited w = wait_written(remote.target());
+    REQUIRE_FALSE(w.ec);
+    CHECK_FALSE(w.notification.length.has_value());  // tcp does not report the length
+    REQUIRE(w.notification.data >= 1000);
+    REQUIRE(w.notification.data < 1000 + count);
+    if (!seen[w.notification.data - 1000]) ++distinct;
+    seen[w.notification.data - 1000] = true;
+  }
+  CHECK(distinct == count);
+  CHECK(remote.target().notifications_lost() == 0);
+  CHECK(remote.target().notifications_queued() == 0);
+}
+
+TEST_CASE("a full notification queue reports the loss once, in its place", "[loopback][notification]") {
+  test::RemoteBuffer remote(64 * 64, std::byte{0}, with_queue(4));
+  asio::io_context io;
+  Service service(io, test::loopback_configuration());
+
+  REQUIRE(write_with_data(io, service, remote, 0, 10) == 10);
+  REQUIRE(target_has_seen(remote.target(), 10));
+  CHECK(remote.target().notifications_lost() == 6);
+  CHECK(remote.target().notifications_queued() == 4);
+
+  for (std::uint64_t i = 0; i < 4; ++i) {
+    const Waited w = wait_written(remote.target());
+    REQUIRE_FALSE(w.ec);
+    CHECK(w.notification.data == i);
+  }
+  const Waited lost = wait_written(remote.target());
+  CHECK(lost.ec == dma::errc::notifications_lost);
+  CHECK(lost.notification.data == 6);
+
+  // The queue works again after the loss.
+  REQUIRE(write_with_data(io, service, remote, 77, 1) == 1);
+  const Waited next = wait_written(remote.target());
+  REQUIRE_FALSE(next.ec);
+  CHECK(next.notification.data == 77);
+  CHECK(remote.target().notifications_lost() == 6);
+}
+
+TEST_CASE("a pending async_wait_written is cancelled through its slot", "[loopback][notification]") {
+  test::RemoteBuffer remote(4096);
+  asio::cancellation_signal signal;
+  std::promise<std::error_code> promise;
+  auto future = promise.get_future();
+  remote.target().async_wait_written(asio::bind_cancellation_slot(
+      signal.slot(), [&](std::error_code ec, dma::WriteNotification) { promise.set_value(ec); }));
+  CHECK(future.wait_for(std::chrono::milliseconds(20)) == std::future_status::timeout);
+  asio::post(remote.target().get_executor(), [&] { signal.emit(asio::cancellation_type::terminal); });
+  REQUIRE(future.wait_for(std::chrono::seconds(20)) == std::future_status::ready);
+  CHECK(future.get() == asio::error::operation_aborted);
+
+  // A wait after the cancellation still gets the next notification.
+  asio::io_context io;
+  Service service(io, test::loopback_configuration());
+  REQUIRE(write_with_data(io, service, remote, 5, 1) == 1);
+  const Waited w = wait_written(remote.target());
+  REQUIRE_FALSE(w.ec);
+  CHECK(w.notification.data == 5);
+}
+
+TEST_CASE("the notification callback receives what no waiter takes", "[loopback][notification]") {
+  test::RemoteBuffer remote(64 * 64);
+  std::mutex mutex;
+  std::vector<std::uint64_t> values;
+  remote.target().set_notification_callback([&](std::error_code ec, dma::WriteNotification n) {
+    std::lock_guard lock(mutex);
+    if (!ec) values.push_back(n.data);
+  });
+  asio::io_context io;
+  Service service(io, test::loopback_configuration());
+  REQUIRE(write_with_data(io, service, remote, 40, 3) == 3);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  for (;;) {
+    {
+      std::lock_guard lock(mutex);
+      if (values.size() == 3 || std::chrono::steady_clock::now() >= deadline) break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  std::lock_guard lock(mutex);
+  CHECK(values == std::vector<std::uint64_t>{40, 41, 42});
+}
+
+TEST_CASE("a transmit-complete write lands byte-exact", "[loopback][completion-level]") {
+  test::RemoteBuffer remote(64 * 1024);
+  asio::io_context io;
+  Service service(io, test::loopback_configuration());
+  auto bytes = test::pattern(64 * 1024, 9);
+  auto r = remote.request(Direction::ToPeer, test::Payload{bytes});
+  r.completion = dma::CompletionLevel::transmit;
+  r.immediate_data = 0xfeedface12345678;
+
+  const auto completion = await_one(io, service, std::move(r));
+  REQUIRE(completion.outcome.ok());
+  // The notification comes once the bytes have landed at the target.
+  const Waited w = wait_written(remote.target());
+  REQUIRE_FALSE(w.ec);
+  CHECK(w.notification.data == 0xfeedface12345678);
+  CHECK(test::same(remote.memory(), bytes));
+}
+
+TEST_CASE("a delivery-complete write with a bad key fails", "[loopback][completion-level]") {
+  test::RemoteBuffer remote(4096);
+  asio::io_context io;
+  Service service(io, test::loopback_configuration());
+  auto r = remote.request(Direction::ToPeer, test::Payload{test::pattern(64, 3)});
+  r.remote_key += 1;
+
+  const auto completion = await_one(io, service, std::move(r));
+  REQUIRE_FALSE(completion.outcome.ok());
+  INFO(completion.outcome.message());
+  CHECK((completion.outcome.error() == dma::condition::connection_lost ||
+         completion.outcome.error() == dma::condition::remote_access_denied));
+}
+
+TEST_CASE("immediate data on a read is refused", "[loopback][notification]") {
+  test::RemoteBuffer remote(4096);
+  asio::io_context io;
+  Service service(io, test::loopback_configuration());
+  auto r = remote.request(Direction::FromPeer, test::Payload{}, 64);
+  r.immediate_data = 1;
+
+  const auto completion = await_one(io, service, std::move(r));
+  CHECK(completion.outcome.error() == dma::errc::immediate_data_on_read);
+  CHECK(completion.outcome.error() == dma::condition::invalid_operand);
+  CHECK(completion.caller_context.bytes.empty());  // refused before the landing buffer was asked for
+}
+
+TEST_CASE("a notification queue of 0 or more than 2^20 entries is refused", "[loopback][notification]") {
+  asio::io_context io;
+  for (const std::size_t capacity : {std::size_t{0}, (std::size_t{1} << 20) + 1}) {
+    try {
+      dma::Target target(io, with_queue(capacity));
+      FAIL("opened with notification_queue " << capacity);
+    } catch (const std::system_error& e) {
+      CHECK(e.code() == dma::errc::invalid_configuration);
+    }
+  }
+}

@@ -19,6 +19,7 @@
 #include "counter.hpp"
 #include "cq_watcher.hpp"
 #include "intake.hpp"
+#include "latency_recorder.hpp"
 #include "ledger.hpp"
 #include "log.hpp"
 #include "peer_table.hpp"
@@ -142,6 +143,7 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
     m.joined_pass = joined_pass_.get();
     m.context_less_errors = context_less_errors_.get();
     m.queue_errors += queue_errors_.get();
+    m.latency = latency_.snapshot();
     return m;
   }
 
@@ -174,6 +176,7 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
     Operation* op = Operation::from_context(context);
     returned(op);
     op->peer->flow.succeeded();
+    latency_.record(op->accepted, drain_clock());
     ledger_.succeed(op);
   }
   // A large transfer the batch's first handler resubmitted goes out now, before the other
@@ -202,6 +205,7 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
     }
     Operation* op = Operation::from_context(entry.op_context);
     returned(op);
+    (void)drain_clock();
     finish_failed(op, entry, error_detail(cq, entry, !reclaimer_.closed(*op)), ledger_, poster_, log_, *this);
     return 1;
   }
@@ -328,6 +332,7 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
 
   // The current endpoint's CQ, then those of replaced endpoints still returning transfers.
   std::size_t drain_cqs() {
+    drain_stamped_ = false;
     std::size_t finished = watcher_.drain(endpoint_.cq(), *this);
     if (reclaimer_.retiring() != 0) {
       reclaimer_.for_each_retired_cq([&](fid_cq* cq) { finished += watcher_.drain(cq, *this); });
@@ -336,6 +341,16 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
   }
 
   // ---- completion ----------------------------------------------------------------------------
+  // One clock reading per drain, at its first completion: every completion of the drain is
+  // stamped with it, and what the drain's handlers submit is accepted at it (not at an older
+  // intake's reading, which would shorten their deadlines).
+  Clock::time_point drain_clock() noexcept {
+    if (!drain_stamped_) {
+      drain_stamped_ = true;
+      accept_clock_ = Clock::now();
+    }
+    return accept_clock_;
+  }
   // The provider handed op back (successfully or not): the bookkeeping of a posted transfer.
   void returned(Operation* op) noexcept {
     if (reclaimer_.returned(*op)) reclaim_due_ = true;
@@ -386,11 +401,13 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
   Shutdown<Watcher, Timer> shutdown_;
   AddressHistory addresses_;
 
-  Clock::time_point accept_clock_{};
+  Clock::time_point accept_clock_{};  ///< the latest intake or drain reading
+  LatencyRecorder latency_;
   std::chrono::nanoseconds stall_retry_ = std::chrono::milliseconds(1);
   DrainPlace place_ = DrainPlace::last;  ///< of the completion being delivered, inside a drain
   bool reaping_ = false;
-  bool reclaim_due_ = false;  ///< a replaced endpoint holds only doomed transfers now
+  bool drain_stamped_ = false;  ///< accept_clock_ was read in the current drain
+  bool reclaim_due_ = false;    ///< a replaced endpoint holds only doomed transfers now
   Counter joined_pass_, context_less_errors_, queue_errors_;
 };
 

@@ -38,6 +38,7 @@ class Ledger {
   /// op is accepted at `now` (its peer acquired): its deadline starts.
   void accept(Operation* op, Clock::time_point now) noexcept {
     const auto& asked = op->request.deadline;
+    op->accepted = now;
     op->deadline = deadline_after(now, asked ? std::max(*asked, std::chrono::nanoseconds(0)) : default_deadline_);
     if (op->deadline < next_deadline_) next_deadline_ = op->deadline;
     accepted_.push_back(op);

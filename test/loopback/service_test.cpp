@@ -10,6 +10,7 @@
 #include <atomic>
 #include <functional>
 #include <map>
+#include <optional>
 #include <thread>
 
 using dma::Direction;
@@ -144,8 +145,14 @@ TEST_CASE("10,000 transfers with 64 in flight each complete exactly once", "[loo
   CHECK(failures == 0);
   CHECK(std::all_of(seen.begin(), seen.end(), [](int n) { return n == 1; }));
   CHECK(service.outstanding() == 0);
-  CHECK(service.metrics().completed == total);
-  CHECK(service.metrics().posted == total);
+  const auto metrics = service.metrics();
+  CHECK(metrics.completed == total);
+  CHECK(metrics.posted == total);
+  // Every successful transfer is in the latency histogram, once.
+  CHECK(metrics.latency.count() == total);
+  CHECK(metrics.latency.p50() > std::chrono::nanoseconds(0));
+  CHECK(metrics.latency.p50() <= metrics.latency.p99());
+  CHECK(metrics.latency.p99().count() <= static_cast<std::int64_t>(metrics.latency.max()));
 }
 
 TEST_CASE("a transfer to a port where nobody listens fails within the progress deadline", "[loopback][deadline]") {
@@ -167,6 +174,47 @@ TEST_CASE("a transfer to a port where nobody listens fails within the progress d
   CHECK(completion.outcome.error() == dma::condition::peer_unreachable);
   CHECK(took < std::chrono::seconds(5));
   CHECK(service.outstanding() == 0);
+  CHECK(service.metrics().latency.count() == 0);  // failed transfers are not recorded
+}
+
+TEST_CASE("a transfer submitted from a completion handler gets its whole deadline", "[loopback][deadline]") {
+  // The first transfer waits 600 ms for its stalled target; its handler submits a second one with
+  // a 400 ms deadline to the stalled target again. That deadline counts from the second one's own
+  // acceptance, not from the first one's.
+  test::RemoteBuffer remote(4096);
+  asio::io_context io;
+  Service service(io, test::loopback_configuration());
+  (void)await_one(io, service, remote.request(Direction::ToPeer, test::Payload{test::pattern(64, 1)}));
+  remote.pause();
+  std::optional<dma::Completion<test::Payload>> second;
+  std::chrono::steady_clock::time_point resubmitted;
+  auto first = remote.request(Direction::ToPeer, test::Payload{test::pattern(64, 2)});
+  first.deadline = std::chrono::seconds(20);
+  service.submit(std::move(first), [&](dma::Completion<test::Payload> c) {
+    REQUIRE(c.outcome.ok());
+    remote.pause();
+    auto next = remote.request(Direction::ToPeer, test::Payload{test::pattern(64, 3)});
+    next.deadline = std::chrono::milliseconds(400);
+    resubmitted = std::chrono::steady_clock::now();
+    service.submit(std::move(next), [&](dma::Completion<test::Payload> d) { second = std::move(d); });
+  });
+  const auto start = std::chrono::steady_clock::now();
+  const auto bound = start + std::chrono::seconds(20);
+  bool resumed = false;
+  while (!second && std::chrono::steady_clock::now() < bound) {
+    if (!resumed && std::chrono::steady_clock::now() - start >= std::chrono::milliseconds(600)) {
+      resumed = true;
+      remote.resume();
+    }
+    io.restart();
+    io.run_for(std::chrono::milliseconds(10));
+  }
+  REQUIRE(second.has_value());
+  const auto waited = std::chrono::steady_clock::now() - resubmitted;
+  REQUIRE_FALSE(second->outcome.ok());
+  CHECK(second->outcome.error() == std::errc::timed_out);
+  CHECK(waited >= std::chrono::milliseconds(350));  // a deadline never fires early
+  remote.resume();
 }
 
 TEST_CASE("a malformed peer address is rejected with its own error and nothing is posted", "[loopback][validation]") {

@@ -3,6 +3,7 @@
 #include <asio/co_spawn.hpp>
 #include <asio/detached.hpp>
 
+#include <array>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -18,16 +19,33 @@ void Library::prepare(const Point& point) {
 }
 
 Sample Library::run(const Point& point) {
+  const dma::LatencyHistogram before = latency(point);
+  Sample sample;
   switch (point.api) {
     case Api::callback:
-      return callback(point);
+      sample = callback(point);
+      break;
     case Api::handler:
-      return handler(point);
+      sample = handler(point);
+      break;
     case Api::awaitable:
     case Api::raw:
+      sample = awaitable(point);
       break;
   }
-  return awaitable(point);
+  // What the service's own histogram saw during this run: the buckets' growth.
+  const dma::LatencyHistogram after = latency(point);
+  std::array<std::uint64_t, dma::LatencyHistogram::bucket_count> grown{};
+  for (std::size_t i = 0; i < grown.size(); ++i)
+    grown[i] = after.bucket(i) - before.bucket(i);
+  const auto run = dma::LatencyHistogram::from_buckets(grown, after.sum() - before.sum(), after.max());
+  if (run.count() != 0) sample.service_p50_us = static_cast<double>(run.p50().count()) / 1e3;
+  return sample;
+}
+
+dma::LatencyHistogram Library::latency(const Point& point) {
+  return point.api == Api::callback ? callback_service(point.wait).metrics().latency
+                                    : async_service(point.wait).metrics().latency;
 }
 
 Sample Library::awaitable(const Point& point) {

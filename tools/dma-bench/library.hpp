@@ -37,6 +37,8 @@ class Library {
  private:
   dma::asynchronous::FabricService<Slice>& async_service(Wait wait);
   dma::FabricService<Slice>& callback_service(Wait wait);
+  /// The histogram of the service a point runs on.
+  dma::LatencyHistogram latency(const Point& point);
   double run_lanes(Clock::time_point start);
   void submit(dma::FabricService<Slice>& service, int lane);
   void completed(dma::FabricService<Slice>& service, const dma::Completion<Slice>& completion);

@@ -34,7 +34,7 @@ std::pair<double, double> median_interval(std::vector<double> values) {
 }
 
 Medians medians_of(const Point& point, const std::vector<Sample>& runs) {
-  std::vector<double> gbps, mops, cpu_i, cpu_t, p50, p99, sleeps;
+  std::vector<double> gbps, mops, cpu_i, cpu_t, p50, p99, sleeps, service_p50;
   Medians m;
   for (const auto& s : runs) {
     if (s.seconds <= 0) continue;
@@ -47,6 +47,7 @@ Medians medians_of(const Point& point, const std::vector<Sample>& runs) {
     sleeps.push_back(s.transfers > 0 ? static_cast<double>(s.target_sleeps) / static_cast<double>(s.transfers) : 0);
     p50.push_back(percentile(s.latencies_us, 0.5));
     p99.push_back(percentile(s.latencies_us, 0.99));
+    if (s.service_p50_us > 0) service_p50.push_back(s.service_p50_us);
     m.errors += s.errors;
   }
   m.gbps = median(gbps);
@@ -56,6 +57,7 @@ Medians medians_of(const Point& point, const std::vector<Sample>& runs) {
   m.target_sleeps = median(sleeps);
   m.p50 = median(p50);
   m.p99 = median(p99);
+  m.service_p50 = median(service_p50);
   return m;
 }
 

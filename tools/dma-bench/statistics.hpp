@@ -24,6 +24,7 @@ std::pair<double, double> median_interval(std::vector<double> values);
 /// The medians of one side's runs at a point (CPU is seconds per GiB moved).
 struct Medians {
   double gbps = 0, mops = 0, cpu_init = 0, cpu_target = 0, p50 = 0, p99 = 0;
+  double service_p50 = 0;    ///< the service's histogram (Metrics::latency) p50, microseconds; 0 for the raw loop
   double target_sleeps = 0;  ///< per transfer
   std::uint64_t errors = 0;  ///< summed over the runs
 };

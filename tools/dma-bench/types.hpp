@@ -54,6 +54,7 @@ struct Sample {
   double cpu_target = 0;
   std::uint64_t target_sleeps = 0;  ///< times the target's progress thread slept during the run
   std::vector<double> latencies_us;
+  double service_p50_us = 0;  ///< the median of the service's own latency histogram over the run (0: none)
 };
 
 }  // namespace bench

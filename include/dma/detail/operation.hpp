@@ -50,8 +50,9 @@ struct Operation {
   void* descriptor = nullptr;
   std::shared_ptr<void> lease;  ///< the local registration in use, when the provider needs FI_MR_LOCAL
   std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
-  Peer* peer = nullptr;        ///< its address entry, from acceptance to completion
-  Operation* older = nullptr;  ///< the engine's list of accepted operations, in acceptance order
+  std::chrono::steady_clock::time_point accepted{};  ///< the intake reading it was accepted at
+  Peer* peer = nullptr;                              ///< its address entry, from acceptance to completion
+  Operation* older = nullptr;                        ///< the engine's list of accepted operations, in acceptance order
   Operation* newer = nullptr;
   std::uint32_t generation = 0;  ///< the endpoint it was posted on
   bool posted = false;           ///< handed to the provider (otherwise queued)

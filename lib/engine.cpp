@@ -16,6 +16,7 @@
 
 #include "address_history.hpp"
 #include "completion_error.hpp"
+#include "connection_cut.hpp"
 #include "counter.hpp"
 #include "cq_watcher.hpp"
 #include "intake.hpp"
@@ -75,7 +76,8 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
         strand_(asio::make_strand(executor)),
         registrar_(std::make_shared<StrandCloser<strand_type>>(strand_)),
         ledger_(configuration.transfer_deadline),
-        reclaimer_([this](std::error_code& ec) { return endpoint_.replace_endpoint(ec); }),
+        reclaimer_([this](std::error_code& ec) { return endpoint_.replace_endpoint(ec); },
+                   closing_frees_reads_twice(configured_provider(configuration))),
         watcher_(strand_, configuration_, WaitPolicy::WithoutFd::poll),
         shutdown_(strand_, configuration_.progress_deadline,
                   {endpoint_, peers_, registrar_, ledger_, reclaimer_, poster_, intake_, watcher_, log_}) {

@@ -1,5 +1,10 @@
 #include "reclaimer.hpp"
 
+#include "connection_cut.hpp"
+#include "peer_table.hpp"
+
+#include <rdma/fi_eq.h>
+
 #include <algorithm>
 
 namespace dma::detail {
@@ -9,6 +14,13 @@ void Reclaimer::doom(Operation& op, Doom why) noexcept {
   op.doom = why;
   Generation& g = op.generation == current_.generation ? current_ : retiring_of(op.generation);
   ++g.doomed;
+  if (!cut_reads_ || op.request.direction != Direction::FromPeer || op.peer == nullptr) return;
+  const std::vector<std::uint8_t>& address = op.peer->address;
+  if (std::find(g.read_peers.begin(), g.read_peers.end(), address) != g.read_peers.end()) return;
+  try {
+    g.read_peers.push_back(address);
+  } catch (...) {  // out of memory: the close goes ahead uncut, as without cut_reads
+  }
 }
 
 bool Reclaimer::closed(const Operation& op) const noexcept {
@@ -24,6 +36,7 @@ bool Reclaimer::step(std::error_code& ec) {
       Generation retired = std::move(current_);
       retired.endpoint = std::move(old.endpoint);
       retired.cq = std::move(old.cq);
+      if (cut_reads_) retired.sockets = socket_inodes();
       retiring_.push_back(std::move(retired));
       current_ = Generation{};
       current_.generation = retiring_.back().generation + 1;
@@ -33,8 +46,7 @@ bool Reclaimer::step(std::error_code& ec) {
   bool closed_one = false;
   for (Generation& g : retiring_) {
     if (g.closed || g.in_flight != g.doomed) continue;
-    g.endpoint.reset();  // the provider returns what it still holds to its CQ, as FI_ECANCELED
-    g.closed = true;
+    close(g);
     closed_one = true;
   }
   collect();
@@ -46,11 +58,21 @@ void Reclaimer::collect() noexcept {
 }
 
 void Reclaimer::close_all() noexcept {
-  for (Generation& g : retiring_) {
-    g.endpoint.reset();
-    g.closed = true;
-  }
+  for (Generation& g : retiring_)
+    if (!g.closed) close(g);
   current_.closed = true;
+}
+
+// The provider returns what the endpoint still holds to its CQ, as FI_ECANCELED. A cut connection
+// reads end of stream at the next progress: a half-received read fails there, once, and the
+// connection's queues are flushed before fi_close flushes them again.
+void Reclaimer::close(Generation& g) noexcept {
+  if (cut_reads_ && !g.read_peers.empty() && shut_down_connections(g.sockets, g.read_peers) != 0 && g.cq) {
+    for (int pass = 0; pass < progress_passes_after_cut; ++pass)
+      (void)fi_cq_read(g.cq.get(), nullptr, 0);  // progress only: reads no entry
+  }
+  g.endpoint.reset();
+  g.closed = true;
 }
 
 Reclaimer::Generation& Reclaimer::retiring_of(std::uint32_t generation) noexcept {

@@ -5,6 +5,8 @@
 // (with a completion queue of its own) on the same domain and address vector, the old endpoint is
 // still progressed through its queue until it holds nothing but doomed transfers, and then it is
 // closed: the provider returns the rest to the old queue, and only then do their handlers run.
+// Where closing may hand a half-received read back twice (lib/connection_cut.hpp), the old
+// endpoint's connections to the peers of its doomed reads are cut first.
 #pragma once
 
 #include <dma/detail/fid.hpp>
@@ -30,8 +32,12 @@ class Reclaimer {
   /// At most this many replaced endpoints wait to be closed at once; beyond it, doomed transfers
   /// on the current endpoint wait for a slot.
   static constexpr std::size_t max_retiring = 8;
+  /// Progress calls on a replaced endpoint's CQ between cutting its connections and closing it.
+  static constexpr int progress_passes_after_cut = 4;
 
-  explicit Reclaimer(ReplaceFn replace) : replace_(std::move(replace)) {}
+  /// With `cut_reads`, a replaced endpoint's connections to the peers of its doomed reads are shut
+  /// down, and the endpoint progressed, before it closes.
+  explicit Reclaimer(ReplaceFn replace, bool cut_reads = false) : replace_(std::move(replace)), cut_reads_(cut_reads) {}
 
   /// The generation posts go to now.
   std::uint32_t current() const noexcept { return current_.generation; }
@@ -88,13 +94,17 @@ class Reclaimer {
     std::size_t in_flight = 0;
     std::size_t doomed = 0;
     bool closed = false;
-    Fid<fid_ep> endpoint;  // replaced endpoints only; the current ones are the Endpoint's
-    Fid<fid_cq> cq;        // closed after the endpoint
+    Fid<fid_ep> endpoint;                               // replaced endpoints only; the current ones are the Endpoint's
+    Fid<fid_cq> cq;                                     // closed after the endpoint
+    std::vector<std::uint64_t> sockets;                 // open when it was replaced (cut_reads_)
+    std::vector<std::vector<std::uint8_t>> read_peers;  // of its doomed reads (cut_reads_)
   };
+  void close(Generation& g) noexcept;
   Generation& retiring_of(std::uint32_t generation) noexcept;
   const Generation* find(std::uint32_t generation) const noexcept;
 
   ReplaceFn replace_;
+  bool cut_reads_ = false;
   Generation current_;
   std::vector<Generation> retiring_;
   std::uint64_t replacements_ = 0;

@@ -22,10 +22,13 @@ class LatencyRecorder {
  public:
   /// Strand only.
   void record(std::chrono::steady_clock::time_point accepted, std::chrono::steady_clock::time_point drained) noexcept {
-    const auto elapsed = std::chrono::duration_cast<std::chrono::nanoseconds>(drained - accepted).count();
-    const std::uint64_t ns = elapsed < 0 ? 0 : static_cast<std::uint64_t>(elapsed);
-    bump(buckets_[LatencyHistogram::bucket_index(ns)], 1);
-    bump(sum_, ns);
+    const std::int64_t elapsed = std::chrono::nanoseconds(drained - accepted).count();
+    const std::uint64_t ns = elapsed > 0 ? static_cast<std::uint64_t>(elapsed) : 0;
+    std::atomic<std::uint64_t>& bucket = buckets_[LatencyHistogram::bucket_index(ns)];
+    bucket.store(bucket.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);  // never 2^64 transfers
+    const std::uint64_t old = sum_.load(std::memory_order_relaxed);
+    const std::uint64_t sum = old + ns;
+    sum_.store(sum < old ? UINT64_MAX : sum, std::memory_order_relaxed);  // stops instead of wrapping
     if (ns > max_.load(std::memory_order_relaxed)) max_.store(ns, std::memory_order_relaxed);
   }
 
@@ -39,11 +42,6 @@ class LatencyRecorder {
   }
 
  private:
-  static void bump(std::atomic<std::uint64_t>& value, std::uint64_t n) noexcept {
-    const std::uint64_t old = value.load(std::memory_order_relaxed);
-    value.store(n > UINT64_MAX - old ? UINT64_MAX : old + n, std::memory_order_relaxed);
-  }
-
   std::array<std::atomic<std::uint64_t>, LatencyHistogram::bucket_count> buckets_{};
   std::atomic<std::uint64_t> sum_{0};
   std::atomic<std::uint64_t> max_{0};

@@ -120,7 +120,7 @@ class Registrar {
 
   /// The operand's local descriptor where the provider needs one (on the strand, before posting).
   void prepare(Operation& op, std::error_code& ec) {
-    if (setup_.needed && !op.lease) lease(op, ec);
+    if (setup_.needed && !op.lease && op.length != 0) lease(op, ec);  // 0 bytes need no descriptor
   }
 
   /// Registers [base, base + length) and tracks it as a pin (a MemoryRegion), keeping keep_alive

@@ -2,6 +2,7 @@
 // completion token. `co_await service.submit(request)` resumes when the transfer's CQ entry arrives.
 #pragma once
 
+#include <dma/advertisement.hpp>
 #include <dma/checksum.hpp>
 #include <dma/config.hpp>
 #include <dma/configuration.hpp>
@@ -17,6 +18,9 @@
 #include <asio/associated_cancellation_slot.hpp>
 #include <asio/associated_executor.hpp>
 #include <asio/async_result.hpp>
+#include <asio/bind_allocator.hpp>
+#include <asio/bind_cancellation_slot.hpp>
+#include <asio/bind_executor.hpp>
 #include <asio/dispatch.hpp>
 #include <asio/execution/outstanding_work.hpp>
 #include <asio/post.hpp>
@@ -137,6 +141,11 @@ struct TransferOp final : Operation {
   Handler handler;
   std::optional<WorkExecutor> work;  ///< only when the handler runs on another executor
   bool direct = false;               ///< the handler's executor is the service's own
+};
+
+/// The context of add_peer()'s connection warm-up: a write of no bytes.
+struct WarmUp {
+  std::span<const std::byte> source() const noexcept { return {}; }
 };
 
 /// Installed in a handler's cancellation slot: cancels the operation, queued or posted.
@@ -301,6 +310,43 @@ class FabricService {
         token, client_id, std::move(address));
   }
 
+  /// Inserts the advertised peer's address for client_id and brings its connection up, so that
+  /// the first transfer to it does not wait for the connection to be set up. rxm connects on the
+  /// first transfer, not on insertion: this posts a write of 0 bytes to the advertised region,
+  /// delivery-complete, and completes when it has (docs/getting-started.md, "Peers"). The
+  /// warm-up is a transfer like any other: it counts in the metrics, waits for the peer's
+  /// credits and has the configuration's transfer_deadline. The target checks the key even for
+  /// 0 bytes, so an advertisement it does not know fails here (errc::connection_lost on tcp)
+  /// instead of in the first real transfer.
+  ///
+  /// @par Completion Signature
+  /// @code void(std::error_code) @endcode
+  /// The warm-up's error, as a transfer would report it: an address error, errc::timed_out,
+  /// errc::connection_refused, errc::peer_unreachable, errc::shutdown, ...
+  ///
+  /// @par Per-Operation Cancellation
+  /// As submit(): the warm-up completes with asio::error::operation_aborted.
+  template <typename CompletionToken = asio::use_awaitable_t<>>
+  auto add_peer(std::uint64_t client_id, const Advertisement& peer, CompletionToken&& token = CompletionToken()) {
+    return asio::async_initiate<CompletionToken, void(std::error_code)>(
+        [this](auto handler, std::uint64_t client, const Advertisement& advertised) {
+          TransferRequest<detail::WarmUp> request;
+          request.client_id = client;
+          request.set_peer(advertised);
+          request.direction = Direction::ToPeer;
+          auto executor = asio::get_associated_executor(handler, executor_);
+          auto allocator = asio::get_associated_allocator(handler, detail::PoolAllocator<void>());
+          auto slot = asio::get_associated_cancellation_slot(handler);
+          auto done = [handler = std::move(handler)](Completion<detail::WarmUp> warmed) mutable {
+            std::move(handler)(warmed.outcome.ok() ? std::error_code() : warmed.outcome.error());
+          };
+          initiate(asio::bind_cancellation_slot(
+                       slot, asio::bind_executor(executor, asio::bind_allocator(allocator, std::move(done)))),
+                   std::move(request));
+        },
+        token, client_id, peer);
+  }
+
   /// Releases client_id's peer once every transfer it submitted before this call has finished.
   void remove_peer(std::uint64_t client_id) {
     if (engine_) engine_->remove_peer(client_id);
@@ -362,9 +408,10 @@ class FabricService {
     engine_ = detail::Engine::create(executor_, configuration, ec, what);
   }
 
-  template <typename Handler>
-  void initiate(Handler&& handler, TransferRequest<Context>&& request) {
-    using Op = detail::TransferOp<Context, std::decay_t<Handler>, executor_type>;
+  /// Submits request, a caller's transfer (C = Context) or the library's own (add_peer()'s warm-up).
+  template <typename Handler, typename C>
+  void initiate(Handler&& handler, TransferRequest<C>&& request) {
+    using Op = detail::TransferOp<C, std::decay_t<Handler>, executor_type>;
     Op* op = Op::create(std::forward<Handler>(handler), std::move(request), executor_);
     if (!engine_) {
       return asio::post(executor_, [op] { Op::complete(op, Outcome(make_error_code(errc::not_open))); });

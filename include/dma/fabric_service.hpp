@@ -141,6 +141,21 @@ class FabricService {
       ec = error.code();
     }
   }
+  /// Inserts the advertised peer's address and brings its connection up (a 0-byte write to the
+  /// advertised region, as asynchronous::FabricService::add_peer(client_id, peer, token) says),
+  /// blocking until it has. Throws std::system_error with the warm-up's error.
+  void add_peer(std::uint64_t client_id, const Advertisement& peer) {
+    inner_.add_peer(client_id, peer, asio::use_future).get();
+  }
+  /// As add_peer(client_id, peer) above; sets ec instead of throwing.
+  void add_peer(std::uint64_t client_id, const Advertisement& peer, std::error_code& ec) {
+    try {
+      add_peer(client_id, peer);
+      ec.clear();
+    } catch (const std::system_error& error) {
+      ec = error.code();
+    }
+  }
   /// Releases client_id's peer once every transfer it submitted before this call has finished.
   void remove_peer(std::uint64_t client_id) { inner_.remove_peer(client_id); }
 

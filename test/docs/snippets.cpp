@@ -160,6 +160,10 @@ asio::awaitable<void> peers(Service& service, const dma::Advertisement& peer) {
   service.remove_peer(1);  // returns at once
 }
 
+asio::awaitable<void> connect_first(Service& service, const dma::Advertisement& peer) {
+  co_await service.add_peer(1, peer);  // the connection is up: the first transfer does not set it up
+}
+
 void command_line(const std::string& config_path, const std::string& bind_from_command_line) {
   dma::Configuration configuration;  // the defaults
   if (!config_path.empty()) configuration = dma::Configuration::from_toml(config_path);

@@ -113,6 +113,21 @@ TEST_CASE("destroying the callback service delivers everything before it returns
   CHECK(std::set<int>(sink.seen.begin(), sink.seen.end()).size() == 300);
 }
 
+TEST_CASE("the callback service's add_peer connects, and its warm-up never reaches the completer",
+          "[loopback][callback][connect]") {
+  test::RemoteBuffer remote(64);
+  Sink sink;
+  auto service = dma::FabricService<test::Payload>::start(test::loopback_configuration(), sink.completer(), nullptr);
+  CHECK_NOTHROW(service->add_peer(1, remote.advertisement()));
+  dma::Advertisement wrong = remote.advertisement();
+  wrong.remote_key ^= 1;
+  std::error_code ec;
+  service->add_peer(2, wrong, ec);
+  CHECK(ec == dma::errc::connection_lost);
+  CHECK_THROWS_AS(service->add_peer(3, wrong), std::system_error);
+  CHECK(sink.count() == 0);
+}
+
 TEST_CASE("a callback service on a dead peer fails its transfer at the deadline", "[loopback][callback]") {
   Sink sink;
   auto configuration = test::loopback_configuration();

@@ -524,6 +524,82 @@ TEST_CASE("add_peer accepts a good address twice and rejects a bad one", "[loopb
   CHECK(completion.outcome.ok());
 }
 
+TEST_CASE("add_peer with an advertisement connects before the first transfer", "[loopback][peers][connect]") {
+  test::RemoteBuffer remote(4096, std::byte{0x11});
+  asio::io_context io;
+  Service service(io, test::loopback_configuration());
+  auto warmed = service.add_peer(1, remote.advertisement(), asio::use_future);
+  REQUIRE(test::run_until(io, warmed));
+  CHECK_NOTHROW(warmed.get());
+  // The warm-up moved no byte, and counts as one transfer.
+  CHECK(std::all_of(remote.memory().begin(), remote.memory().end(), [](std::byte b) { return b == std::byte{0x11}; }));
+  CHECK(service.metrics().completed == 1);
+  CHECK(service.outstanding() == 0);
+  const auto bytes = test::pattern(4096, 6);
+  auto completion = await_one(io, service, remote.request(Direction::ToPeer, test::Payload{bytes}));
+  REQUIRE(completion.outcome.ok());
+  CHECK(test::same(remote.memory(), bytes));
+}
+
+TEST_CASE("add_peer with an advertisement the target does not know fails, and the next one works",
+          "[loopback][peers][connect]") {
+  test::RemoteBuffer remote(4096);
+  asio::io_context io;
+  Service service(io, test::loopback_configuration());
+  dma::Advertisement wrong = remote.advertisement();
+  wrong.remote_key ^= 0x5a5a;
+  auto refused = service.add_peer(1, wrong, asio::use_future);
+  REQUIRE(test::run_until(io, refused));
+  try {
+    refused.get();
+    FAIL("a warm-up with a wrong key succeeded");
+  } catch (const std::system_error& error) {
+    INFO(error.code().message());
+    CHECK(error.code() == dma::errc::connection_lost);
+  }
+  auto bad = service.add_peer(2, dma::Advertisement{std::vector<std::uint8_t>(7, 1), 1, 0}, asio::use_future);
+  REQUIRE(test::run_until(io, bad));
+  try {
+    bad.get();
+    FAIL("a 7-byte address was accepted");
+  } catch (const std::system_error& error) {
+    CHECK(error.code() == dma::errc::address_length);
+  }
+  auto warmed = service.add_peer(1, remote.advertisement(), asio::use_future);
+  REQUIRE(test::run_until(io, warmed));
+  CHECK_NOTHROW(warmed.get());
+}
+
+TEST_CASE("add_peer with an advertisement can be cancelled and awaited", "[loopback][peers][connect]") {
+  asio::io_context io;
+  auto configuration = test::loopback_configuration();
+  configuration.progress_deadline = std::chrono::seconds(5);
+  Service service(io, configuration);
+  dma::Advertisement nobody{{2, 0, 0, 1, 127, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0}, 1, 0};  // 127.0.0.1:1
+  asio::cancellation_signal signal;
+  std::optional<std::error_code> result;
+  service.add_peer(1, nobody, asio::bind_cancellation_slot(signal.slot(), [&](std::error_code ec) { result = ec; }));
+  io.run_for(std::chrono::milliseconds(50));
+  REQUIRE_FALSE(result);
+  signal.emit(asio::cancellation_type::terminal);
+  for (int i = 0; i < 100 && !result; ++i)
+    io.run_for(std::chrono::milliseconds(10));
+  REQUIRE(result);
+  CHECK(*result == asio::error::operation_aborted);
+
+  test::RemoteBuffer remote(64);
+  std::optional<std::error_code> awaited;
+  asio::co_spawn(
+      io, [&]() -> asio::awaitable<void> { co_await service.add_peer(2, remote.advertisement()); },
+      [&](std::exception_ptr e) { awaited = e ? std::make_error_code(std::errc::io_error) : std::error_code(); });
+  for (int i = 0; i < 2000 && !awaited; ++i) {
+    io.restart();
+    io.run_for(std::chrono::milliseconds(10));
+  }
+  REQUIRE(awaited);
+  CHECK_FALSE(*awaited);
+}
+
 TEST_CASE("a service destroyed while it polls completes everything and never reads its closed CQ",
           "[loopback][shutdown]") {
   // A polling pass posted just before the endpoint closes must not touch the CQ afterwards.

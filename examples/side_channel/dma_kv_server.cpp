@@ -639,15 +639,21 @@ int main(int argc, char** argv) {
   app.add_flag(
       "--allow-any-fabric-host", options.allow_any_fabric_host,
       "accept a DMA.HELLO whose fabric address names another host than its connection (trusted networks only)");
-  app.add_option("--config", options.config, "TOML file whose [dma-libfabric] table configures the service")
-      ->check(CLI::ExistingFile);
+  app.add_option("--config", options.config, "TOML file whose [dma-libfabric] table configures the service");
   app.add_option("--transfer-deadline", options.transfer_deadline_ms,
                  "milliseconds a transfer may take before it fails (0: the configuration's, 30 s by default)");
   CLI11_PARSE(app, argc, argv);
 
+  dma::Configuration configuration;
+  if (!options.config.empty()) {
+    try {
+      configuration = dma::Configuration::from_toml(options.config);
+    } catch (const dma::ConfigurationError& error) {
+      std::fprintf(stderr, "dma-kv-server: --config: %s\n", error.what());
+      return 2;  // like every other program: a refused configuration file is a usage error
+    }
+  }
   try {
-    dma::Configuration configuration;
-    if (!options.config.empty()) configuration = dma::Configuration::from_toml(options.config);
     if (options.transfer_deadline_ms != 0) {
       configuration.transfer_deadline = std::chrono::milliseconds(options.transfer_deadline_ms);
     }

@@ -130,7 +130,8 @@ int main(int argc, char** argv) {
   app.add_option("--idle-ms", o.idle_ms, "pause before the last write of a trial, ms")
       ->check(CLI::Range(0, 10000))
       ->capture_default_str();
-  app.add_option("--config", o.config, "TOML file whose [dma-libfabric] table configures both sides");
+  app.add_option("--config", o.config,
+                 "TOML file whose [dma-libfabric] table configures both sides (bound to 127.0.0.1)");
   app.add_flag("--json", o.json, "print JSON instead of a table");
   try {
     app.parse(argc, argv);
@@ -138,7 +139,6 @@ int main(int argc, char** argv) {
     return app.exit(error) == 0 ? 0 : 2;
   }
   dma::Configuration configuration;
-  configuration.bind = "127.0.0.1";
   if (!o.config.empty()) {
     try {
       configuration = dma::Configuration::from_toml(o.config);
@@ -147,6 +147,7 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  configuration.bind = "127.0.0.1";  // loopback only, like the tests
   dma::Configuration target_configuration = configuration;
   target_configuration.wait_mode = dma::from_string<dma::WaitMode>(o.target_wait).value_or(dma::WaitMode::adaptive);
   asio::io_context io;

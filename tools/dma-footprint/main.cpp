@@ -39,10 +39,13 @@ struct Options {
   bool slim = true;
   bool json = false;
   std::size_t serve = 0;  // internal: host this many Targets and print their advertisements
+  std::string config;     // --config FILE, loaded into `base`
+  dma::Configuration base;
 };
 
+// The --config file's configuration, with the provider and the loopback bind the tool measures.
 dma::Configuration configuration_for(const Options& o) {
-  dma::Configuration configuration;
+  dma::Configuration configuration = o.base;
   configuration.providers = {dma::from_string<dma::Provider>(o.provider).value_or(dma::Provider::tcp)};
   configuration.bind = "127.0.0.1";
   return configuration;
@@ -252,6 +255,7 @@ Children start_children(const std::string& self, const Options& o, std::size_t p
     const std::size_t count = std::min(o.targets_per_process, peers - hosted);
     std::vector<std::string> arguments = {self, "--serve", std::to_string(count), "--provider", o.provider};
     if (!o.slim) arguments.push_back("--no-slim");
+    if (!o.config.empty()) arguments.insert(arguments.end(), {"--config", o.config});
     auto child = std::make_unique<dma::tools::ChildProcess>(std::move(arguments));
     std::size_t before = 0, after = 0;
     const std::string header = child->line(std::chrono::seconds(120));
@@ -361,6 +365,9 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"tcp", "shm"}))
       ->capture_default_str();
   app.add_flag("--no-slim", no_slim, "turn the slim provider buffers off (dma::ProcessSettings)");
+  app.add_option("--config", o.config,
+                 "TOML file whose [dma-libfabric] table configures the endpoints; --provider and the 127.0.0.1 "
+                 "bind override it");
   app.add_flag("--json", o.json, "print JSON instead of text");
   app.add_option("--serve", o.serve, "internal: host this many Targets")->group("");
   try {
@@ -369,6 +376,14 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& error) {
     const int code = app.exit(error);
     return code == 0 ? 0 : 2;
+  }
+  if (!o.config.empty()) {
+    try {
+      o.base = dma::Configuration::from_toml(o.config);
+    } catch (const dma::ConfigurationError& error) {
+      std::cerr << "dma-footprint: --config: " << error.what() << "\n";
+      return 2;
+    }
   }
   o.slim = !no_slim;
   if (!dma::set_process_settings(dma::ProcessSettings{.slim_buffers = o.slim})) return 2;

@@ -47,12 +47,12 @@ ErrorSort sort_error(int err, Doom doom) noexcept;
 /// cq: call this at once.
 std::string error_detail(fid_cq* cq, const fi_cq_err_entry& entry, bool describe_provider);
 
-/// Completes op, which the provider handed back with the error entry, by its sort; a peer found
-/// unreachable has its queue failed too (through host, a Poster host). A lost connection is
-/// logged once per teardown.
+/// Applies what an error completion of op says about its peer: a lost connection marks it for a
+/// reconnect (logged once per teardown), an unreachable peer is marked so and has its queue
+/// failed (through host, a Poster host). Returns the sort, whose error the transfer reports.
 template <typename Host>
-void finish_failed(Operation* op, const fi_cq_err_entry& entry, std::string detail, Ledger& ledger, Poster& poster,
-                   const Log& log, Host& host) {
+ErrorSort sort_failure(Operation* op, const fi_cq_err_entry& entry, const std::string& detail, Poster& poster,
+                       const Log& log, Host& host) {
   const ErrorSort sort = sort_error(entry.err, op->doom);
   PeerFlow& flow = op->peer->flow;
   if (sort.peer == ErrorSort::PeerFate::reconnect) {
@@ -69,6 +69,14 @@ void finish_failed(Operation* op, const fi_cq_err_entry& entry, std::string deta
     const auto now = Clock::now();
     if (!flow.backing_off(now)) poster.mark_unreachable(flow, now, sort.ec, detail, host);
   }
+  return sort;
+}
+
+/// Completes op, which the provider handed back with the error entry, by its sort (sort_failure).
+template <typename Host>
+void finish_failed(Operation* op, const fi_cq_err_entry& entry, std::string detail, Ledger& ledger, Poster& poster,
+                   const Log& log, Host& host) {
+  const ErrorSort sort = sort_failure(op, entry, detail, poster, log, host);
   ledger.finish(op, sort.ec, entry.prov_errno, std::move(detail));
 }
 

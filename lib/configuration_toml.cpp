@@ -401,6 +401,8 @@ const std::array keys{
     key<&Configuration::backstop_interval>("backstop_interval", between(1us, 1min)),
     key<&Configuration::cq_batch>("cq_batch", {1, 1024}),
     key<&Configuration::notification_queue>("notification_queue", {1, mebi}),
+    key<&Configuration::max_segment_bytes, Bytes>("max_segment_bytes", {0, std::numeric_limits<std::int64_t>::max()}),
+    key<&Configuration::segment_window>("segment_window", {1, 16}),
     key<&Configuration::force_local_registration>("force_local_registration"),
     key<&Configuration::registration_cache_entries>("registration_cache_entries", {0, 1024 * mebi}),
     key<&Configuration::registration_cache_bytes, Bytes>("registration_cache_bytes",

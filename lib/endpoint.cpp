@@ -169,6 +169,9 @@ void Endpoint::open_objects(const Configuration& configuration, std::error_code&
   info_.uses_virtual_addressing = (info.domain_attr->mr_mode & FI_MR_VIRT_ADDR) != 0;
   info_.tx_size = info.tx_attr->size;
   info_.cq_data_size = info.domain_attr->cq_data_size;
+  info_.max_msg_size = info.ep_attr->max_msg_size;
+  info_.iov_limit = info.tx_attr->iov_limit;
+  info_.rma_iov_limit = info.tx_attr->rma_iov_limit;
   transmit_complete_flag_ =
       detail::configured_provider(configuration) == Provider::efa_direct ? FI_TRANSMIT_COMPLETE : FI_INJECT_COMPLETE;
 

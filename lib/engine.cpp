@@ -4,6 +4,7 @@
 //   PeerTable    lib/peer_table.*      AV entries, refcounted by clients and accepted transfers
 //   Poster       lib/poster.*          credits, FI_MORE bursts, -FI_EAGAIN, reconnects
 //   Registrar    lib/registrar.*       local descriptors, the registration cache, MR closes
+//   Segmenter    lib/segmenter.*       transfers one post cannot carry: their lists, plans, posts
 //   CqWatcher    lib/cq_watcher.hpp    the drain, fi_trywait, the fd, the backstop, the wait policy
 //   Reclaimer    lib/reclaimer.*       posted transfers the provider will not return by itself
 //   Ledger       lib/ledger.hpp        accepting, each transfer's one exit, deadlines, cancels
@@ -27,6 +28,7 @@
 #include "poster.hpp"
 #include "reclaimer.hpp"
 #include "registrar.hpp"
+#include "segmenter.hpp"
 #include "shutdown.hpp"
 
 #include <dma/advertisement.hpp>
@@ -53,6 +55,11 @@ std::error_code check(const Configuration& c, std::string& what) {
     what =
         "transfer_deadline and progress_deadline must be positive, and 0 <= unreachable_backoff <= "
         "unreachable_backoff_max";
+    return errc::invalid_configuration;
+  }
+  if (c.segment_window == 0 || c.segment_window > SegmentTracker::max_window) {
+    what = "segment_window must be 1 to " + std::to_string(SegmentTracker::max_window) + ", not " +
+           std::to_string(c.segment_window);
     return errc::invalid_configuration;
   }
   return {};
@@ -83,6 +90,7 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
                   {endpoint_, peers_, registrar_, ledger_, reclaimer_, poster_, intake_, watcher_, log_}) {
     poster_.set_log(log_);
     ledger_.set_log(log_);
+    ledger_.set_segmenter(segmenter_);
     watcher_.set_log(log_);
   }
 
@@ -97,6 +105,7 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
     }
     poster_.set_limits(Poster::limits_for(endpoint_, configuration_));
     registrar_.open(Registrar::setup_for(endpoint_, configuration_));
+    segmenter_.set_limits(segment_limits(*endpoint_.info(), configuration_), configuration_.segment_window);
     addresses_.push(endpoint_.local_address());
     ledger_.bind(&PeerTable::open_for(peers_, endpoint_));
     peers_->set_log(log_);
@@ -146,6 +155,7 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
     m.context_less_errors = context_less_errors_.get();
     m.queue_errors += queue_errors_.get();
     m.latency = latency_.snapshot();
+    m.segmented = segmented_.get();
     return m;
   }
 
@@ -175,6 +185,7 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
   // The watcher's drain sink.
   void completed(void* context, DrainPlace place) {
     place_ = place;
+    if (PostContext::of(context).segment) return segment_completed(*SegmentSlot::from_context(context));
     Operation* op = Operation::from_context(context);
     returned(op);
     op->peer->flow.succeeded();
@@ -205,6 +216,10 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
       }
       return 0;
     }
+    if (PostContext::of(entry.op_context).segment) {
+      segment_failed(cq, entry, *SegmentSlot::from_context(entry.op_context));
+      return 1;
+    }
     Operation* op = Operation::from_context(entry.op_context);
     returned(op);
     (void)drain_clock();
@@ -214,17 +229,49 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
 
   // The poster's host.
   std::error_code prepare(Operation& op) {
+    if (op.segments != nullptr) return {};  // planned when it was first at its queue's front
+    if (segmenter_.needed(op)) {
+      segmented_.add();
+      return segmenter_.plan(op, &describe_buffer, this, prepare_detail_);
+    }
     std::error_code ec;
     registrar_.prepare(op, ec);
     return ec;
   }
+  void fail_prepared(Operation* op, std::error_code ec) {
+    ledger_.finish(op, ec, 0,
+                   prepare_detail_.empty() ? std::string("preparing the post") : std::exchange(prepare_detail_, {}));
+  }
   ssize_t post(Operation& op, fi_addr_t peer, bool more) {
+    if (op.segments != nullptr) {
+      return Segmenter::post(endpoint_.endpoint(), op, peer, more, endpoint_.transmit_complete_flag());
+    }
     return post_rma(endpoint_.endpoint(), op, peer, more, endpoint_.transmit_complete_flag());
   }
-  void posted(Operation& op) noexcept { reclaimer_.posted(op); }
+  void posted(Operation& op) noexcept {
+    if (op.segments != nullptr) return Segmenter::posted(op, reclaimer_.posted_segment());
+    reclaimer_.posted(op);
+  }
   std::error_code refresh(Peer& peer) { return peers_->refresh(peer); }
+  // A transfer that took some of its posts already completes once they are back.
   void fail_queued(Operation* op, std::error_code ec, std::string detail) {
+    if (op->segments != nullptr && op->posted) {
+      if (op->segments->tracker.fail(ec, 0, std::move(detail))) finish_segmented(op);
+      return;
+    }
     ledger_.finish(op, ec, 0, std::move(detail));
+  }
+  SegmentStep segment_step(Operation& op) noexcept { return Segmenter::step(op); }
+  bool segment_continues(const Operation& op) const noexcept { return Segmenter::continues(op); }
+  bool segment_all_posted(const Operation& op) const noexcept { return Segmenter::all_posted(op); }
+  void stop_segmented(Operation* op) {
+    SegmentTracker& tracker = op->segments->tracker;
+    if (!tracker.failed()) {
+      (void)tracker.fail(
+          doom_error(op->doom), 0,
+          "stopped before its last post: " + std::to_string(tracker.posts()) + " of its posts were made");
+    }
+    finish_segmented(op);
   }
 
  private:
@@ -358,6 +405,58 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
     if (reclaimer_.returned(*op)) reclaim_due_ = true;
     poster_.returned(op->peer->flow);
   }
+  // The endpoints are closed and op's posts never came back (shutdown): settles them all.
+  void abandoned(Operation* op) {
+    if (op->segments == nullptr) return returned(op);
+    SegmentTracker& tracker = op->segments->tracker;
+    tracker.for_each_in_flight([&](SegmentSlot& slot) {
+      segment_returned(*op, slot);
+      (void)tracker.returned(slot, errc::shutdown);
+    });
+    (void)poster_.withdraw(op);
+  }
+
+  // ---- segmented transfers ------------------------------------------------------------------
+  static SegmentLimits segment_limits(const fi_info& info, const Configuration& c) noexcept {
+    SegmentLimits limits;
+    limits.max_bytes = info.ep_attr->max_msg_size != 0 ? info.ep_attr->max_msg_size : SIZE_MAX;
+    if (c.max_segment_bytes != 0) limits.max_bytes = std::min(limits.max_bytes, c.max_segment_bytes);
+    limits.iov_limit = std::max<std::size_t>(info.tx_attr->iov_limit, 1);
+    limits.rma_iov_limit = std::max<std::size_t>(info.tx_attr->rma_iov_limit, 1);
+    return limits;
+  }
+  static void* describe_buffer(void* host, const Operation& op, std::byte* base, std::size_t length,
+                               std::shared_ptr<void>& lease, std::error_code& ec) {
+    return static_cast<EngineImpl*>(host)->registrar_.describe_buffer(op, base, length, lease, ec);
+  }
+  // One post of op came back: the bookkeeping of a posted transfer, per post.
+  void segment_returned(Operation& op, const SegmentSlot& slot) noexcept {
+    if (reclaimer_.returned_segment(slot.generation, op.doom != Doom::none)) reclaim_due_ = true;
+    poster_.returned(op.peer->flow);
+  }
+  void segment_completed(SegmentSlot& slot) {
+    Operation* op = owner_of(slot);
+    segment_returned(*op, slot);
+    op->peer->flow.succeeded();
+    if (op->segments->tracker.returned(slot)) finish_segmented(op);
+  }
+  // The peer's fate is settled before the post is taken back, so a queue failed on the way
+  // (an unreachable peer) finds this transfer still waiting for it.
+  void segment_failed(fid_cq* cq, const fi_cq_err_entry& entry, SegmentSlot& slot) {
+    Operation* op = owner_of(slot);
+    segment_returned(*op, slot);
+    (void)drain_clock();
+    std::string detail = error_detail(cq, entry, !reclaimer_.closed(slot.generation));
+    const ErrorSort sort = sort_failure(op, entry, detail, poster_, log_, *this);
+    if (op->segments->tracker.returned(slot, sort.ec, entry.prov_errno, std::move(detail))) finish_segmented(op);
+  }
+  // Every post op made is back: it completes, once.
+  void finish_segmented(Operation* op) {
+    if (!op->segments->tracker.all_posted()) (void)poster_.withdraw(op);  // still at its queue's front
+    Outcome outcome = Segmenter::outcome(*op);
+    if (outcome.ok()) latency_.record(op->accepted, drain_clock());
+    ledger_.settle(op, std::move(outcome));
+  }
 
   // ---- cancellation, reclaiming -------------------------------------------------------------
   void cancel_outstanding(Operation* op, std::uint64_t sequence) {
@@ -395,6 +494,7 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
   Endpoint endpoint_;
   std::optional<PeerTable> peers_;
   Registrar registrar_;
+  Segmenter segmenter_;
   Ledger ledger_;
   Reclaimer reclaimer_;
   Poster poster_;
@@ -403,6 +503,7 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
   Shutdown<Watcher, Timer> shutdown_;
   AddressHistory addresses_;
 
+  std::string prepare_detail_;        ///< why prepare() refused its operation, when it says more than its code
   Clock::time_point accept_clock_{};  ///< the latest intake or drain reading
   LatencyRecorder latency_;
   std::chrono::nanoseconds stall_retry_ = std::chrono::milliseconds(1);
@@ -410,7 +511,7 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
   bool reaping_ = false;
   bool drain_stamped_ = false;  ///< accept_clock_ was read in the current drain
   bool reclaim_due_ = false;    ///< a replaced endpoint holds only doomed transfers now
-  Counter joined_pass_, context_less_errors_, queue_errors_;
+  Counter joined_pass_, context_less_errors_, queue_errors_, segmented_;
 };
 
 }  // namespace

@@ -86,6 +86,12 @@ class LibraryCategory final : public std::error_category {
         return "the immediate data needs more bytes than the provider's cq_data_size carries";
       case errc::notifications_lost:
         return "write notifications were lost: the target's notification queue was full";
+      case errc::segment_lengths_differ:
+        return "the local buffers and the remote segments of the transfer do not total the same length";
+      case errc::no_remote_segment:
+        return "the transfer names an empty list of remote segments";
+      case errc::remote_range_overflows:
+        return "a remote segment's address plus its length wraps around";
     }
     return "unknown dma error " + std::to_string(value);
   }
@@ -110,6 +116,9 @@ class LibraryCategory final : public std::error_category {
       case errc::operand_range_overflows:
       case errc::immediate_data_on_read:
       case errc::immediate_data_too_wide:
+      case errc::segment_lengths_differ:
+      case errc::no_remote_segment:
+      case errc::remote_range_overflows:
         return condition::invalid_operand;
       case errc::progress_deadline:
       case errc::connection_refused:

@@ -8,6 +8,7 @@
 #include "peer_table.hpp"
 #include "poster.hpp"
 #include "reclaimer.hpp"
+#include "segmenter.hpp"
 
 #include <dma/advertisement.hpp>
 #include <dma/error.hpp>
@@ -27,6 +28,8 @@ class Ledger {
   explicit Ledger(std::chrono::nanoseconds default_deadline) noexcept : default_deadline_(default_deadline) {}
 
   void bind(PeerTable* peers) noexcept { peers_ = peers; }
+  /// Where a segmented transfer's block goes back at its completion; must outlive the ledger.
+  void set_segmenter(Segmenter& segmenter) noexcept { segmenter_ = &segmenter; }
   /// Where the sweep reports timed-out transfers; must outlive the ledger.
   void set_log(const Log& log) noexcept { log_ = &log; }
 
@@ -96,6 +99,19 @@ class Ledger {
     completed_.add();
     op->functions->complete(op, Outcome(TransferDone{op->length, std::nullopt}));
   }
+  /// Completes op with an outcome made before its release (a segmented transfer's, whose CRC
+  /// covers buffers its block lists).
+  void settle(Operation* op, Outcome&& outcome) {
+    release(op);
+    if (outcome.ok()) {
+      completed_.add();
+    } else {
+      failed_.add();
+      if (outcome.error() == errc::timed_out) timed_out_.add();
+      if (outcome.error() == asio::error::operation_aborted) cancelled_.add();
+    }
+    op->functions->complete(op, std::move(outcome));
+  }
   /// An operation refused before it was accepted: it holds nothing yet.
   void refuse(Operation* op, std::error_code ec) {
     outstanding_.fetch_sub(1, std::memory_order_relaxed);
@@ -107,6 +123,7 @@ class Ledger {
     while (Operation* op = accepted_.oldest()) {
       accepted_.unlink(op);
       op->lease.reset();
+      if (op->segments != nullptr) segmenter_->release(*op);
       op->functions->destroy(op);
     }
   }
@@ -144,12 +161,14 @@ class Ledger {
   void release(Operation* op) {
     accepted_.unlink(op);
     op->lease.reset();
+    if (op->segments != nullptr) segmenter_->release(*op);
     peers_->settle(*op->peer);
     outstanding_.fetch_sub(1, std::memory_order_relaxed);
   }
 
   std::chrono::nanoseconds default_deadline_;
   PeerTable* peers_ = nullptr;
+  Segmenter* segmenter_ = nullptr;
   OutstandingList accepted_;  ///< every accepted operation until it completes, oldest first
   Clock::time_point next_deadline_ = Clock::time_point::max();  ///< no accepted deadline is earlier
   std::atomic<std::size_t> outstanding_{0};

@@ -93,7 +93,7 @@ struct Counter {
 };
 
 constexpr Counter counters[] = {
-    {"posted_total", &Metrics::posted, "Transfers handed to the provider."},
+    {"posted_total", &Metrics::posted, "Posts handed to the provider; each post of a segmented transfer counts."},
     {"completed_total", &Metrics::completed, "Transfers completed successfully."},
     {"failed_total", &Metrics::failed, "Transfers completed with an error, including ones never posted."},
     {"eagain_total", &Metrics::eagain, "Posts the provider refused with -FI_EAGAIN."},
@@ -115,6 +115,7 @@ constexpr Counter counters[] = {
     {"context_less_errors_total", &Metrics::context_less_errors,
      "Completion queue error entries without an operation."},
     {"queue_errors_total", &Metrics::queue_errors, "Completion queue reads that failed without naming an operation."},
+    {"segmented_total", &Metrics::segmented, "Transfers split into several posts."},
     {"registrations_total", &Metrics::registrations, "fi_mr_reg calls for local operands and pinned regions."},
     {"cache_hits_total", &Metrics::cache_hits, "Operands served by a cached registration."},
     {"cache_misses_total", &Metrics::cache_misses, "Operands that found no cached registration."},
@@ -161,6 +162,8 @@ std::string to_prometheus(const Metrics& metrics, std::string_view prefix) {
   append_sample(out, prefix, "cache_entries", metrics.cache_entries);
   append_header(out, prefix, "cache_bytes", "gauge", "Bytes under cached registrations in this domain now.");
   append_sample(out, prefix, "cache_bytes", metrics.cache_bytes);
+  append_header(out, prefix, "posts_in_flight", "gauge", "Posts the provider holds now.");
+  append_sample(out, prefix, "posts_in_flight", metrics.posts_in_flight);
   append_latency(out, prefix, metrics.latency);
   return out;
 }

@@ -9,10 +9,19 @@
 // transfer, a fresh AV entry, and the completion of a transfer that failed here.
 //
 //   std::error_code Host::prepare(Operation&);
+//   void Host::fail_prepared(Operation*, std::error_code);      // prepare() refused it
 //   ssize_t Host::post(Operation&, fi_addr_t peer, bool more);   // 0, -FI_EAGAIN or an error
 //   void Host::posted(Operation&);
 //   std::error_code Host::refresh(Peer&);
 //   void Host::fail_queued(Operation*, std::error_code, std::string detail);
+//
+// A transfer that takes several posts (Operation::segments, lib/segmenter.hpp) stays at the front
+// of its peer's queue until its last post is taken; each post takes a credit of its own. Its host
+// says what may happen next:
+//   SegmentStep Host::segment_step(Operation&);      // post now, wait for a return, or stop
+//   bool Host::segment_continues(const Operation&);  // another post of it can follow at once
+//   bool Host::segment_all_posted(const Operation&);
+//   void Host::stop_segmented(Operation*);           // SegmentStep::stop: it completes now
 #pragma once
 
 #include "counter.hpp"
@@ -79,6 +88,13 @@ inline ssize_t post_rma(fid_ep* endpoint, Operation& op, fi_addr_t peer, bool mo
   return fi_readmsg(endpoint, &msg, flags);
 }
 
+/// What the poster may do with a segmented transfer at the front of its peer's queue.
+enum class SegmentStep : std::uint8_t {
+  post,  ///< its next post is filled and may go now
+  wait,  ///< not now: its window is full, or its last post (with immediate data) waits for the rest
+  stop,  ///< it failed or was doomed with nothing in flight: take it out and complete it
+};
+
 /// "1s", "250ms", "10µs" or "7ns": the largest unit that divides d.
 std::string duration_text(std::chrono::nanoseconds d);
 
@@ -114,6 +130,7 @@ class Poster {
   /// The provider handed back one of flow's posted transfers.
   void returned(PeerFlow& flow) noexcept {
     --in_flight_;
+    returned_.add();
     --flow.in_flight;
     // Out of the round-robin with work left: its credits were used up, or it waited for this to
     // replace its address-vector entry. Either way it may post again.
@@ -180,6 +197,8 @@ class Poster {
   /// Copies its counters into their Metrics fields.
   void report(Metrics& m) const noexcept {
     m.posted = posted();
+    const std::uint64_t back = returned_.get();
+    m.posts_in_flight = m.posted > back ? static_cast<std::size_t>(m.posted - back) : 0;
     m.eagain = eagain();
     m.peers_marked_unreachable = marked_unreachable();
     m.reconnects = reconnects();
@@ -253,7 +272,7 @@ class Poster {
   FlowScheduler flows_;
   std::size_t queued_ = 0;  ///< accepted, not yet posted (in the peers' queues)
   std::size_t in_flight_ = 0;
-  Counter posted_, eagain_, reconnects_, marked_unreachable_;
+  Counter posted_, returned_, eagain_, reconnects_, marked_unreachable_;
 };
 
 template <typename Host>
@@ -271,18 +290,32 @@ void Poster::post_pending(Host& host) {
     Operation* op = flow->queue.front();
     if (std::error_code ec = host.prepare(*op)) {
       dequeue(*flow);
-      host.fail_queued(op, ec, "preparing the post");
+      host.fail_prepared(op, ec);
       continue;
     }
-    // FI_MORE: the same peer has another transfer behind this one and a credit for it, or another
-    // peer is ready, and the all-peers limit has room for one more.
-    const bool more = ((op->next != nullptr && flow->in_flight + 1 < limits_.credits) || flows_.others_ready(*flow)) &&
+    if (op->segments != nullptr) {
+      const SegmentStep step = host.segment_step(*op);
+      if (step == SegmentStep::wait) {
+        flows_.remove(*flow);  // its posts in flight bring it back
+        continue;
+      }
+      if (step == SegmentStep::stop) {
+        dequeue(*flow);
+        host.stop_segmented(op);
+        continue;
+      }
+    }
+    // FI_MORE: the same peer has another post behind this one (another transfer, or the next
+    // post of this one) and a credit for it, or another peer is ready, and the all-peers limit
+    // has room for one more.
+    const bool next = op->next != nullptr || (op->segments != nullptr && host.segment_continues(*op));
+    const bool more = ((next && flow->in_flight + 1 < limits_.credits) || flows_.others_ready(*flow)) &&
                       in_flight_ + 1 < limits_.limit;
     const ssize_t rc = host.post(*op, peer.handle, more);
     if (rc == 0) {
-      dequeue(*flow);
-      op->posted = true;
       host.posted(*op);
+      if (op->segments == nullptr || host.segment_all_posted(*op)) dequeue(*flow);
+      op->posted = true;
       ++in_flight_;
       ++flow->in_flight;
       posted_.add();

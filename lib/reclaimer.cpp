@@ -12,7 +12,12 @@ namespace dma::detail {
 void Reclaimer::doom(Operation& op, Doom why) noexcept {
   if (!op.posted || op.doom != Doom::none) return;
   op.doom = why;
-  Generation& g = op.generation == current_.generation ? current_ : retiring_of(op.generation);
+  if (op.segments == nullptr) return doom_post(op, op.generation);
+  op.segments->tracker.for_each_in_flight([&](SegmentSlot& slot) { doom_post(op, slot.generation); });
+}
+
+void Reclaimer::doom_post(const Operation& op, std::uint32_t generation) noexcept {
+  Generation& g = generation == current_.generation ? current_ : retiring_of(generation);
   ++g.doomed;
   if (!cut_reads_ || op.request.direction != Direction::FromPeer || op.peer == nullptr) return;
   const std::vector<std::uint8_t>& address = op.peer->address;
@@ -23,8 +28,8 @@ void Reclaimer::doom(Operation& op, Doom why) noexcept {
   }
 }
 
-bool Reclaimer::closed(const Operation& op) const noexcept {
-  const Generation* g = find(op.generation);
+bool Reclaimer::closed(std::uint32_t generation) const noexcept {
+  const Generation* g = find(generation);
   return g == nullptr || g->closed;
 }
 

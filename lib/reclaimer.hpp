@@ -10,6 +10,8 @@
 #pragma once
 
 #include <dma/detail/fid.hpp>
+#include "segmenter.hpp"
+
 #include <dma/detail/operation.hpp>
 #include <dma/endpoint.hpp>
 #include <dma/metrics.hpp>
@@ -59,11 +61,27 @@ class Reclaimer {
     if (op.doom != Doom::none) --g.doomed;
     return !g.closed && g.in_flight == g.doomed;
   }
-  /// op is posted and must be handed back as soon as possible; a second doom keeps the first reason.
+  /// One post of a segmented transfer was handed to the provider: the generation it went to.
+  std::uint32_t posted_segment() noexcept {
+    ++current_.in_flight;
+    return current_.generation;
+  }
+  /// The provider handed back a post of a segmented transfer (doomed or not) made on
+  /// `generation`; true as returned(op).
+  bool returned_segment(std::uint32_t generation, bool doomed) noexcept {
+    Generation& g = generation == current_.generation ? current_ : retiring_of(generation);
+    --g.in_flight;
+    if (doomed) --g.doomed;
+    return &g != &current_ && !g.closed && g.in_flight == g.doomed;
+  }
+  /// op is posted and must be handed back as soon as possible (every post of a segmented one
+  /// in flight); a second doom keeps the first reason.
   void doom(Operation& op, Doom why) noexcept;
   /// Whether op's endpoint is closed: its CQ entries must not go through fi_cq_strerror (rxm
   /// reads the closed endpoint's state there).
-  bool closed(const Operation& op) const noexcept;
+  bool closed(const Operation& op) const noexcept { return closed(op.generation); }
+  /// Whether endpoint `generation` is closed.
+  bool closed(std::uint32_t generation) const noexcept;
 
   /// Replaces the current endpoint when a doomed transfer is on it, and closes every replaced one
   /// that holds only doomed transfers. Returns true when it closed one (its CQ now holds entries).
@@ -100,6 +118,7 @@ class Reclaimer {
     std::vector<std::vector<std::uint8_t>> read_peers;  // of its doomed reads (cut_reads_)
   };
   void close(Generation& g) noexcept;
+  void doom_post(const Operation& op, std::uint32_t generation) noexcept;
   Generation& retiring_of(std::uint32_t generation) noexcept;
   const Generation* find(std::uint32_t generation) const noexcept;
 

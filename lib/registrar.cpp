@@ -23,31 +23,46 @@ void Registrar::open(Setup setup) {
 // CacheableSpan (when it contains the operand) is registered and cached, falling back to the
 // operand alone; without a span, the registration lives only as long as this transfer.
 void Registrar::lease(Operation& op, std::error_code& ec) {
-  const auto start = reinterpret_cast<std::uintptr_t>(op.buffer);
-  if (op.length > UINTPTR_MAX - start) {
-    ec = errc::operand_range_overflows;
-    return;
-  }
-  const std::uintptr_t end = start + op.length;
-  auto& cache = RegionCache::instance();
-  std::shared_ptr<Registration> lease = cache.covering(setup_.domain, start, end);
-  if (!lease) {
-    const auto span = op.functions->cacheable_span(op);
-    const bool cacheable = span && span->contains(start, end);
-    std::uintptr_t base = cacheable ? span->base : start;
-    std::uintptr_t stop = cacheable ? span->end : end;
-    lease = register_range(base, stop, {}, ec);
-    if (!lease && cacheable) {
-      ec.clear();
-      base = start;
-      stop = end;
-      lease = register_range(base, stop, {}, ec);
-    }
-    if (!lease) return;
-    if (cacheable) cache.track(setup_.domain, base, stop, lease, false);
-  }
+  std::shared_ptr<Registration> lease = lease_range(op, reinterpret_cast<std::uintptr_t>(op.buffer), op.length, ec);
+  if (!lease) return;
   op.descriptor = lease->descriptor();
   op.lease = std::move(lease);
+}
+
+void* Registrar::describe_buffer(const Operation& op, std::byte* base, std::size_t length, std::shared_ptr<void>& lease,
+                                 std::error_code& ec) {
+  if (!setup_.needed || length == 0) return nullptr;
+  std::shared_ptr<Registration> registration = lease_range(op, reinterpret_cast<std::uintptr_t>(base), length, ec);
+  if (!registration) return nullptr;
+  void* descriptor = registration->descriptor();
+  lease = std::move(registration);
+  return descriptor;
+}
+
+std::shared_ptr<Registration> Registrar::lease_range(const Operation& op, std::uintptr_t start, std::size_t length,
+                                                     std::error_code& ec) {
+  if (length > UINTPTR_MAX - start) {
+    ec = errc::operand_range_overflows;
+    return nullptr;
+  }
+  const std::uintptr_t end = start + length;
+  auto& cache = RegionCache::instance();
+  std::shared_ptr<Registration> lease = cache.covering(setup_.domain, start, end);
+  if (lease) return lease;
+  const auto span = op.functions->cacheable_span(op);
+  const bool cacheable = span && span->contains(start, end);
+  std::uintptr_t base = cacheable ? span->base : start;
+  std::uintptr_t stop = cacheable ? span->end : end;
+  lease = register_range(base, stop, {}, ec);
+  if (!lease && cacheable) {
+    ec.clear();
+    base = start;
+    stop = end;
+    lease = register_range(base, stop, {}, ec);
+  }
+  if (!lease) return nullptr;
+  if (cacheable) cache.track(setup_.domain, base, stop, lease, false);
+  return lease;
 }
 
 std::error_code Registrar::pin(std::uintptr_t base, std::size_t length, std::shared_ptr<void> keep_alive) {

@@ -123,6 +123,12 @@ class Registrar {
     if (setup_.needed && !op.lease && op.length != 0) lease(op, ec);  // 0 bytes need no descriptor
   }
 
+  /// The local descriptor of one of op's buffers, [base, base + length), with its registration
+  /// in `lease`; null (and no lease) where the provider needs no local registration.
+  void* describe_buffer(const Operation& op, std::byte* base, std::size_t length, std::shared_ptr<void>& lease,
+                        std::error_code& ec);
+  bool needed() const noexcept { return setup_.needed; }
+
   /// Registers [base, base + length) and tracks it as a pin (a MemoryRegion), keeping keep_alive
   /// until the MR closes. Nothing to do where the provider needs no local registration.
   std::error_code pin(std::uintptr_t base, std::size_t length, std::shared_ptr<void> keep_alive);
@@ -138,6 +144,8 @@ class Registrar {
 
  private:
   void lease(Operation& op, std::error_code& ec);
+  std::shared_ptr<Registration> lease_range(const Operation& op, std::uintptr_t start, std::size_t length,
+                                            std::error_code& ec);
   std::shared_ptr<Registration> register_range(std::uintptr_t base, std::uintptr_t end,
                                                std::shared_ptr<void> keep_alive, std::error_code& ec);
 

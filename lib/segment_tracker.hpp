@@ -6,6 +6,7 @@
 // per-post state there, so two posts in flight may not share one.
 #pragma once
 
+#include <dma/detail/operation.hpp>
 #include <dma/transfer.hpp>
 
 #include <rdma/fabric.h>
@@ -23,7 +24,7 @@ namespace dma::detail {
 /// One post of a logical transfer, from fi_writemsg / fi_readmsg to its CQ entry.
 struct SegmentSlot {
   /// Must stay the first member: the pointer a CQ entry carries is the slot itself.
-  fi_context2 provider_context{};
+  PostContext head{{}, true};
   void* owner = nullptr;         ///< the operation the slot belongs to
   std::size_t bytes = 0;         ///< what the post moves
   std::uint32_t generation = 0;  ///< the endpoint it was posted on
@@ -34,7 +35,7 @@ struct SegmentSlot {
   void* as_context() noexcept { return this; }
 };
 
-static_assert(std::is_standard_layout_v<SegmentSlot>, "fi_context2 must be at offset 0 of SegmentSlot");
+static_assert(std::is_standard_layout_v<SegmentSlot>, "PostContext must be at offset 0 of SegmentSlot");
 
 class SegmentTracker {
  public:

@@ -90,7 +90,8 @@ void Shutdown<Watcher, Timer>::begin(Host& host) {
     parts_.ledger.refuse(op, errc::shutdown);
   std::vector<PeerFlow*> queues;
   for (Operation* op = parts_.ledger.oldest(); op != nullptr; op = op->newer) {
-    if (op->posted || op->peer->flow.marked) continue;
+    // A segmented transfer stays queued until its last post: its remaining posts fail here too.
+    if ((op->posted && op->segments == nullptr) || op->peer->flow.marked) continue;
     op->peer->flow.marked = true;
     queues.push_back(&op->peer->flow);
   }
@@ -150,7 +151,7 @@ void Shutdown<Watcher, Timer>::close(Host& host) {
     });
   }
   while (Operation* op = parts_.ledger.oldest()) {
-    if (op->posted) host.returned(op);
+    if (op->posted) host.abandoned(op);
     parts_.ledger.finish(op, doom_error(op->doom == Doom::none ? Doom::shutdown : op->doom), 0,
                          "the provider never returned it");
   }

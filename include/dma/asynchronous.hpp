@@ -91,7 +91,31 @@ struct TransferOp final : Operation {
 
   static std::error_code resolve(Operation& base) {
     auto& op = static_cast<TransferOp&>(base);
+    const std::error_code ec = resolve_operand(op);
+    // The callback layer hashes on its Pool from the operand it saw; a list's CRC is the engine's.
+    if constexpr (requires { op.caller_context.checksum_lists; }) {
+      if (!ec && op.caller_context.checksum_lists && (op.lists & local_list) != 0) op.request.want_checksum = true;
+    }
+    return ec;
+  }
+
+  static std::error_code resolve_operand(TransferOp& op) {
+    if constexpr (requires { Operands<Context>::remote_segments(op.caller_context); }) {
+      if (Operands<Context>::remote_segments(op.caller_context)) op.lists |= remote_list;
+    }
     if (op.request.direction == Direction::ToPeer) {
+      if constexpr (requires { Operands<Context>::sources(op.caller_context); }) {
+        if (auto sources = Operands<Context>::sources(op.caller_context)) {
+          std::size_t total = 0;
+          for (const auto& buffer : *sources) {
+            if (buffer.size() > SIZE_MAX - total) return errc::operand_range_overflows;
+            total += buffer.size();
+          }
+          op.lists |= local_list;
+          op.length = total;
+          return {};
+        }
+      }
       auto source = Operands<Context>::source(op.caller_context);
       if (!source) return errc::no_source;
       op.buffer = const_cast<std::byte*>(source->data());  // the provider only reads a write's source
@@ -99,6 +123,18 @@ struct TransferOp final : Operation {
       return {};
     }
     op.length = op.request.length;
+    if constexpr (requires { Operands<Context>::landing(op.caller_context); }) {
+      if (auto buffers = Operands<Context>::landing(op.caller_context)) {
+        std::size_t total = 0;
+        for (const auto& buffer : *buffers) {
+          if (total >= op.length) break;
+          total += std::min(buffer.size(), op.length - total);
+        }
+        if (total < op.length) return errc::landing_buffer_too_small;
+        op.lists |= local_list;
+        return {};
+      }
+    }
     auto landing = Operands<Context>::allocate(op.caller_context, op.length);
     if (!landing) return errc::no_landing_buffer;
     if (landing->size() < op.length) return errc::landing_buffer_too_small;
@@ -110,10 +146,51 @@ struct TransferOp final : Operation {
     return Operands<Context>::cacheable_span(static_cast<const TransferOp&>(base).caller_context);
   }
 
+  // A gather's sources (the provider only reads them) or a scatter's landing buffers, the last
+  // one cut at the transfer's length.
+  static std::size_t local_buffers(Operation& base, std::span<std::span<std::byte>> out) {
+    auto& op = static_cast<TransferOp&>(base);
+    std::size_t count = 0;
+    std::size_t left = op.length;
+    auto take = [&](std::byte* data, std::size_t size) {
+      if (count < out.size()) out[count] = {data, std::min(size, left)};
+      left -= std::min(size, left);
+      ++count;
+    };
+    if (op.request.direction == Direction::ToPeer) {
+      if constexpr (requires { Operands<Context>::sources(op.caller_context); }) {
+        if (auto sources = Operands<Context>::sources(op.caller_context)) {
+          for (const auto& buffer : *sources)
+            take(const_cast<std::byte*>(buffer.data()), buffer.size());
+        }
+      }
+      return count;
+    }
+    if constexpr (requires { Operands<Context>::landing(op.caller_context); }) {
+      if (auto buffers = Operands<Context>::landing(op.caller_context)) {
+        for (const auto& buffer : *buffers) {
+          if (left == 0) break;
+          take(buffer.data(), buffer.size());
+        }
+      }
+    }
+    return count;
+  }
+
+  static std::span<const RemoteSegment> remote_segments(const Operation& base) {
+    if constexpr (requires {
+                    Operands<Context>::remote_segments(static_cast<const TransferOp&>(base).caller_context);
+                  }) {
+      auto segments = Operands<Context>::remote_segments(static_cast<const TransferOp&>(base).caller_context);
+      if (segments) return *segments;
+    }
+    return {};
+  }
+
   // The operation is freed before the handler runs, so a handler may submit again at once.
   static void complete(Operation* base, Outcome&& outcome) {
     auto* op = static_cast<TransferOp*>(base);
-    if (outcome.ok() && op->request.want_checksum) {
+    if (outcome.ok() && op->request.want_checksum && !outcome->checksum) {  // a list's is in already
       outcome = Outcome(TransferDone{op->length, checksum(std::span<const std::byte>(op->buffer, op->length))});
     }
     auto slot = asio::get_associated_cancellation_slot(op->handler);
@@ -135,7 +212,8 @@ struct TransferOp final : Operation {
 
   static void destroy(Operation* base) { free(static_cast<TransferOp*>(base)); }
 
-  static constexpr OperationFunctions table{&resolve, &complete, &destroy, &cacheable_span};
+  static constexpr OperationFunctions table{&resolve,        &complete,      &destroy,
+                                            &cacheable_span, &local_buffers, &remote_segments};
 
   Context caller_context{};
   Handler handler;

@@ -126,6 +126,14 @@ struct Configuration {
   /// dropped and counted, and the next waiter gets errc::notifications_lost in their place.
   std::size_t notification_queue = 4096;
 
+  /// The most bytes one post carries; 0 (the default) means the provider's max_msg_size (about
+  /// 1 GiB on EFA, 2^64 - 1 on tcp). A transfer longer than that, or with more buffers than the
+  /// provider takes in one post, is split into several posts and still completes once. Lower it
+  /// to bound what one post holds, or to run the segmented path on tcp.
+  std::size_t max_segment_bytes = 0;
+  /// The most posts of one segmented transfer in flight at once, 1 to 16.
+  std::size_t segment_window = 8;
+
   /// Register every local operand (FI_MR_LOCAL) even where the provider does not need it, e.g. on
   /// tcp: runs the registration and cache path that efa-direct uses, on a laptop.
   bool force_local_registration = false;

@@ -36,6 +36,9 @@ struct EndpointInfo {
   std::size_t in_flight_limit = 0;       ///< transfers posted at once to all peers: min(tx_size, cq_size)
   bool wait_fd = false;                  ///< whether the CQ has an FI_WAIT_FD descriptor
   std::size_t cq_data_size = 0;          ///< domain_attr->cq_data_size: bytes of immediate data a write carries
+  std::size_t max_msg_size = 0;          ///< ep_attr->max_msg_size: the most bytes one post moves
+  std::size_t iov_limit = 0;             ///< tx_attr->iov_limit: local buffers per post
+  std::size_t rma_iov_limit = 0;         ///< tx_attr->rma_iov_limit: remote segments per post
 
   /// provider, addr_format, mr_mode, caps, requires_local_mr, uses_virtual_addressing: the seed's
   /// six lines, with libfabric's own names (fi_tostr_r) for the address format and every flag.

@@ -57,6 +57,10 @@ enum class errc {
   immediate_data_on_read,   ///< a FromPeer request carried immediate data (only writes carry it)
   immediate_data_too_wide,  ///< the immediate data needs more bytes than the provider's cq_data_size
   notifications_lost,       ///< the target's notification queue was full: notifications were dropped here
+  // Segmented and gathered transfers.
+  segment_lengths_differ,  ///< the local buffers and the remote segments do not total the same length
+  no_remote_segment,       ///< Operands::remote_segments() named no segment
+  remote_range_overflows,  ///< a remote segment's address + length wraps around
 };
 
 /// Broad classes a caller can branch on: `if (ec == dma::condition::peer_unreachable)`. Codes of
@@ -71,7 +75,8 @@ enum class condition {
   /// The caller's context did not supply a usable operand, or the request asks for what its
   /// operation cannot carry: errc::no_source, errc::no_landing_buffer,
   /// errc::landing_buffer_too_small, errc::operand_range_overflows, errc::immediate_data_on_read,
-  /// errc::immediate_data_too_wide.
+  /// errc::immediate_data_too_wide, errc::segment_lengths_differ, errc::no_remote_segment,
+  /// errc::remote_range_overflows.
   invalid_operand,
   /// The library gave the transfer up itself: errc::shutdown, errc::peer_removed. A cancellation
   /// through the handler's slot is asio::error::operation_aborted instead, which is not this.

@@ -58,6 +58,31 @@ struct Tracked {
     return bytes;
   }
   std::optional<CacheableSpan> cacheable_span() const { return Operands<Context>::cacheable_span(context); }
+  std::optional<std::span<const std::span<const std::byte>>> sources() const {
+    if constexpr (requires { Operands<Context>::sources(context); }) {
+      return Operands<Context>::sources(context);
+    } else {
+      return std::nullopt;
+    }
+  }
+  std::optional<std::span<const std::span<std::byte>>> landing() {
+    if constexpr (requires { Operands<Context>::landing(context); }) {
+      return Operands<Context>::landing(context);
+    } else {
+      return std::nullopt;
+    }
+  }
+  std::optional<std::span<const RemoteSegment>> remote_segments() const {
+    if constexpr (requires { Operands<Context>::remote_segments(context); }) {
+      return Operands<Context>::remote_segments(context);
+    } else {
+      return std::nullopt;
+    }
+  }
+
+  /// The caller asked for a CRC: one over a list of buffers is computed by the engine, as the
+  /// transfer completes, since the Pool sees only a single operand.
+  bool checksum_lists = false;
 };
 
 }  // namespace detail
@@ -123,6 +148,7 @@ class FabricService {
     static_cast<TransferFields&>(inner) = static_cast<const TransferFields&>(request);
     inner.want_checksum = false;  // hashed on the pool instead, off the reaper
     inner.caller_context.context = std::move(request.caller_context);
+    inner.caller_context.checksum_lists = request.want_checksum;
     inner_.submit(std::move(inner), Handler{this, request.want_checksum});
     return std::nullopt;
   }
@@ -232,7 +258,7 @@ class FabricService {
   // post, shutdown) gets a flush posted behind it.
   void collect(Completion<detail::Tracked<Context>>&& done, bool want_checksum) {
     Pending pending{{std::move(done.caller_context.context), std::move(done.outcome)}, done.caller_context.operand};
-    if (want_checksum && pending.completion.outcome.ok()) {
+    if (want_checksum && pending.completion.outcome.ok() && !pending.completion.outcome->checksum) {
       checksummed_.push_back(std::move(pending));
     } else {
       batch_.push_back(std::move(pending.completion));

@@ -125,9 +125,9 @@ class LatencyHistogram {
 /// What a service counts; read it with FabricService::metrics() or
 /// asynchronous::FabricService::metrics(). A snapshot: each field is exact, but fields read while
 /// transfers complete may be a few transfers apart. Counters only grow, except the two cache
-/// gauges (cache_entries, cache_bytes).
+/// gauges (cache_entries, cache_bytes) and posts_in_flight.
 struct Metrics {
-  std::uint64_t posted = 0;         ///< transfers handed to the provider
+  std::uint64_t posted = 0;         ///< posts handed to the provider (a segmented transfer's each count)
   std::uint64_t completed = 0;      ///< transfers completed successfully
   std::uint64_t failed = 0;         ///< transfers completed with an error (including ones never posted)
   std::uint64_t eagain = 0;         ///< posts the provider refused with -FI_EAGAIN
@@ -144,12 +144,14 @@ struct Metrics {
   std::uint64_t endpoint_replacements = 0;     ///< endpoints replaced to hand back posted transfers
   std::uint64_t context_less_errors = 0;       ///< error entries without an operation (endpoint faults)
   std::uint64_t queue_errors = 0;              ///< fi_cq_read failures that name no operation
-  std::uint64_t registrations = 0;             ///< fi_mr_reg calls for local operands and pinned regions
-  std::uint64_t cache_hits = 0;                ///< operands served by a cached registration
-  std::uint64_t cache_misses = 0;              ///< operands that found none
-  std::uint64_t cache_evictions = 0;           ///< CacheableSpan entries pushed out by the cache limits
-  std::size_t cache_entries = 0;               ///< cached registrations in this domain now (a gauge)
-  std::size_t cache_bytes = 0;                 ///< bytes under cached registrations now, pins included (a gauge)
+  std::uint64_t segmented = 0;        ///< transfers split into several posts (too long for one, or with operand lists)
+  std::uint64_t registrations = 0;    ///< fi_mr_reg calls for local operands and pinned regions
+  std::uint64_t cache_hits = 0;       ///< operands served by a cached registration
+  std::uint64_t cache_misses = 0;     ///< operands that found none
+  std::uint64_t cache_evictions = 0;  ///< CacheableSpan entries pushed out by the cache limits
+  std::size_t cache_entries = 0;      ///< cached registrations in this domain now (a gauge)
+  std::size_t cache_bytes = 0;        ///< bytes under cached registrations now, pins included (a gauge)
+  std::size_t posts_in_flight = 0;    ///< posts the provider holds now (a gauge)
 
   /// The latency of each successful transfer, from its acceptance to the completion-queue drain
   /// that found it (see docs/getting-started.md, "Logging and metrics"). Its count() follows
@@ -166,7 +168,7 @@ struct Metrics {
 
 /// The metrics in Prometheus' text exposition format (version 0.0.4): each counter as
 /// `<prefix><field>_total` (e.g. `dma_posted_total`), the two cache gauges as
-/// `<prefix>cache_entries` and `<prefix>cache_bytes`, and `latency` as the histogram
+/// `<prefix>cache_entries`, `<prefix>cache_bytes` and `<prefix>posts_in_flight`, and `latency` as the histogram
 /// `<prefix>transfer_latency_seconds` (`_bucket{le="..."}` for every bucket, cumulative, then
 /// `_sum` and `_count`). Every metric has its `# HELP` and `# TYPE` line. Serve it as
 /// `text/plain; version=0.0.4`. For several services on one page, give each its own prefix.

@@ -113,6 +113,19 @@ struct CacheableSpan {
   friend bool operator==(const CacheableSpan&, const CacheableSpan&) = default;
 };
 
+/// One remote buffer of a transfer that names several (Operands::remote_segments()): an
+/// advertised buffer, or part of one. Addressed like TransferFields::remote_address.
+struct RemoteSegment {
+  std::uint64_t remote_address = 0;  ///< VA on FI_MR_VIRT_ADDR providers, offset on tcp
+  std::size_t length = 0;            ///< bytes of the transfer that land in (or come from) it
+  std::uint64_t remote_key = 0;      ///< the advertised rkey of the peer's registration
+
+  /// The `length` bytes of an advertised buffer that start `offset` bytes into it.
+  static RemoteSegment of(const Advertisement& peer, std::uint64_t offset, std::size_t length) noexcept {
+    return {peer.remote_address + offset, length, peer.remote_key};
+  }
+};
+
 /// Everything a TransferRequest says besides its context: where the bytes go, which way, and
 /// what the caller wants back. The library carries it as one piece from the request to the
 /// transfer it becomes.
@@ -180,6 +193,41 @@ struct Operands {
       return std::nullopt;
     }
   }
+  /// ToPeer, a gather: several buffers written, in order, as one transfer, from
+  /// `context.sources()` (a contiguous range of `std::span<const std::byte>`, or an optional of
+  /// one). When the context has it, source() is not asked. The buffers must stay valid and
+  /// unmodified until the completion, like the context itself. A gather takes as many posts as
+  /// the provider's iov_limit requires, and completes once.
+  static std::optional<std::span<const std::span<const std::byte>>> sources(const Context& context) {
+    if constexpr (requires { context.sources(); }) {
+      return to_list<const std::byte>(context.sources());
+    } else {
+      return std::nullopt;
+    }
+  }
+  /// FromPeer, a scatter: the buffers `length` bytes land in, in order, from `context.landing()`
+  /// (a contiguous range of `std::span<std::byte>`, or an optional of one). When the context has
+  /// it, allocate() is not asked; the buffers must total at least `length`
+  /// (errc::landing_buffer_too_small otherwise), and bytes past it are not touched.
+  static std::optional<std::span<const std::span<std::byte>>> landing(Context& context) {
+    if constexpr (requires { context.landing(); }) {
+      return to_list<std::byte>(context.landing());
+    } else {
+      return std::nullopt;
+    }
+  }
+  /// Several remote segments, from `context.remote_segments()` (a contiguous range of
+  /// RemoteSegment, or an optional of one): the transfer's bytes go to (or come from) them in
+  /// order, and the request's remote_address and remote_key are not used. They must total the
+  /// transfer's length (errc::segment_lengths_differ otherwise); an empty list fails with
+  /// errc::no_remote_segment.
+  static std::optional<std::span<const RemoteSegment>> remote_segments(const Context& context) {
+    if constexpr (requires { context.remote_segments(); }) {
+      return to_segments(context.remote_segments());
+    } else {
+      return std::nullopt;
+    }
+  }
   /// From `context.cacheable_span()`, asked only where the provider needs local registration and
   /// only on a registration-cache miss. Returning a span is a promise: invalidate() will be called
   /// over it before any of its pages is unmapped, returned to the OS or discarded with madvise.
@@ -204,6 +252,30 @@ struct Operands {
       return to_bytes(*value);
     } else {
       return std::as_bytes(std::span(value));
+    }
+  }
+  template <typename Byte, typename T>
+  static std::optional<std::span<const std::span<Byte>>> to_list(T&& value) {
+    if constexpr (requires {
+                    value.has_value();
+                    *value;
+                  }) {
+      if (!value) return std::nullopt;
+      return to_list<Byte>(*value);
+    } else {
+      return std::span<const std::span<Byte>>(value);
+    }
+  }
+  template <typename T>
+  static std::optional<std::span<const RemoteSegment>> to_segments(T&& value) {
+    if constexpr (requires {
+                    value.has_value();
+                    *value;
+                  }) {
+      if (!value) return std::nullopt;
+      return to_segments(*value);
+    } else {
+      return std::span<const RemoteSegment>(value);
     }
   }
   template <typename T>

@@ -48,6 +48,8 @@ inline const dma::detail::OperationFunctions recording_functions{
     },
     [](Operation* op) { Record::get().destroyed.push_back(op); },
     [](const Operation&) { return std::optional<dma::CacheableSpan>{}; },
+    nullptr,
+    nullptr,
 };
 
 struct LedgerRig {
@@ -60,10 +62,17 @@ struct LedgerRig {
     void fail_queued(Operation* op, std::error_code ec, std::string detail) {
       rig.ledger.finish(op, ec, 0, std::move(detail));
     }
+    // Whole transfers only: a segmented one never reaches this host.
+    void fail_prepared(Operation* op, std::error_code ec) { fail_queued(op, ec, "preparing the post"); }
+    dma::detail::SegmentStep segment_step(Operation&) { return dma::detail::SegmentStep::post; }
+    bool segment_continues(const Operation&) const { return false; }
+    bool segment_all_posted(const Operation&) const { return true; }
+    void stop_segmented(Operation*) {}
     std::size_t drain_cqs() {
       ++drains;
       return 0;
     }
+    void abandoned(Operation* op) noexcept { returned(op); }
     void returned(Operation* op) noexcept {
       ++returns;
       (void)rig.reclaimer.returned(*op);

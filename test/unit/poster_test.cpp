@@ -40,6 +40,12 @@ struct Host {
     return {};
   }
   void fail_queued(Operation* op, std::error_code ec, const std::string&) { failures.emplace_back(op, ec); }
+  // Whole transfers only: a segmented one never reaches this host.
+  void fail_prepared(Operation* op, std::error_code ec) { fail_queued(op, ec, "preparing the post"); }
+  dma::detail::SegmentStep segment_step(Operation&) { return dma::detail::SegmentStep::post; }
+  bool segment_continues(const Operation&) const { return false; }
+  bool segment_all_posted(const Operation&) const { return true; }
+  void stop_segmented(Operation*) {}
 };
 
 struct Rig {

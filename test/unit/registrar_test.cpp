@@ -45,7 +45,7 @@ struct Registered {
 
 std::optional<CacheableSpan> span_of_test;
 std::optional<CacheableSpan> cacheable_span(const Operation&) { return span_of_test; }
-constexpr OperationFunctions functions{nullptr, nullptr, nullptr, &cacheable_span};
+constexpr OperationFunctions functions{nullptr, nullptr, nullptr, &cacheable_span, nullptr, nullptr};
 
 struct Rig {
   Rig() {

@@ -124,7 +124,7 @@ TEST_CASE("every post in flight has a provider context of its own", "[segment_tr
   for (SegmentSlot* slot : post_all_allowed(tracker, mib)) {
     contexts.insert(slot->as_context());
     REQUIRE(SegmentSlot::from_context(slot->as_context()) == slot);
-    REQUIRE(static_cast<void*>(&slot->provider_context) == slot->as_context());
+    REQUIRE(static_cast<void*>(&slot->head.provider_context) == slot->as_context());
   }
   REQUIRE(contexts.size() == SegmentTracker::max_window);
 }

@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <system_error>
 #include <type_traits>
 #include <vector>
@@ -19,7 +20,27 @@
 namespace dma::detail {
 
 struct Operation;
-struct Peer;  // lib/peer_table.hpp: the address entry a transfer goes to
+struct Peer;               // lib/peer_table.hpp: the address entry a transfer goes to
+struct SegmentedTransfer;  // lib/segmenter.hpp: the posts of a transfer that takes several
+
+/// The head of every context the engine hands libfabric, so a CQ entry tells what it returns:
+/// an Operation posted whole, or one post (a SegmentSlot) of a segmented transfer.
+struct PostContext {
+  /// Provider scratch (FI_CONTEXT2 on efa-direct): first, so the pointer libfabric hands back in
+  /// a CQ entry is the context itself.
+  fi_context2 provider_context{};
+  bool segment = false;  ///< a SegmentSlot (lib/segment_tracker.hpp), not an Operation
+
+  static const PostContext& of(const void* context) noexcept { return *static_cast<const PostContext*>(context); }
+};
+
+static_assert(std::is_standard_layout_v<PostContext>);
+
+/// What resolve() found besides one contiguous operand (Operation::lists).
+enum OperandLists : std::uint8_t {
+  local_list = 1,   ///< several local buffers: Operands::sources() or Operands::landing()
+  remote_list = 2,  ///< several remote segments: Operands::remote_segments()
+};
 
 /// Why a posted operation is to be handed back before the provider returns it by itself.
 enum class Doom : std::uint8_t { none, deadline, cancelled, shutdown };
@@ -33,22 +54,30 @@ struct OperationFunctions {
   void (*destroy)(Operation* op);
   /// The caller's cacheable span, asked only on a registration-cache miss.
   std::optional<CacheableSpan> (*cacheable_span)(const Operation& op);
+  /// Copies up to out.size() of the local buffers (Operands::sources() or landing(), the last
+  /// one cut at the transfer's length) into out and returns how many there are; asked only
+  /// when resolve() set OperandLists::local_list.
+  std::size_t (*local_buffers)(Operation& op, std::span<std::span<std::byte>> out);
+  /// Operands::remote_segments(); asked only when resolve() set OperandLists::remote_list.
+  std::span<const dma::RemoteSegment> (*remote_segments)(const Operation& op);
 };
 
 struct Operation {
-  /// Provider scratch (FI_CONTEXT2 on efa-direct): must stay the first member, so the pointer
-  /// libfabric hands back in a CQ entry is the operation itself.
-  fi_context2 provider_context{};
+  /// Must stay the first member: the pointer libfabric hands back in a CQ entry is the
+  /// operation itself.
+  PostContext head;
   const OperationFunctions* functions = nullptr;
   Operation* next = nullptr;
 
   TransferFields request;  ///< as submitted
 
   // Filled in on the strand.
-  std::byte* buffer = nullptr;
-  std::size_t length = 0;  ///< the operand's: a write's source size, a read's requested length
+  std::byte* buffer = nullptr;  ///< the operand; null when it is a list (OperandLists::local_list)
+  std::size_t length = 0;       ///< the transfer's: a write's source size, a read's requested length
   void* descriptor = nullptr;
-  std::shared_ptr<void> lease;  ///< the local registration in use, when the provider needs FI_MR_LOCAL
+  SegmentedTransfer* segments = nullptr;  ///< its posts, when it takes several (from prepare to completion)
+  std::uint8_t lists = 0;                 ///< OperandLists bits, from resolve()
+  std::shared_ptr<void> lease;            ///< the local registration in use, when the provider needs FI_MR_LOCAL
   std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
   std::chrono::steady_clock::time_point accepted{};  ///< the intake reading it was accepted at
   Peer* peer = nullptr;                              ///< its address entry, from acceptance to completion
@@ -63,7 +92,7 @@ struct Operation {
   void* as_context() noexcept { return this; }
 };
 
-static_assert(std::is_standard_layout_v<Operation>, "fi_context2 must be at offset 0 of Operation");
+static_assert(std::is_standard_layout_v<Operation>, "PostContext must be at offset 0 of Operation");
 
 /// An intrusive FIFO of operations: no allocation to queue or dequeue.
 class OperationQueue {

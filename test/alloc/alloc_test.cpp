@@ -1,5 +1,6 @@
 // Steady-state transfers allocate nothing: global operator new is counted around a window of
 // transfers after warm-up, for use_awaitable and for the callback service.
+#include <array>
 #include <asio/co_spawn.hpp>
 #include <asio/detached.hpp>
 #include <atomic>
@@ -151,6 +152,71 @@ TEST_CASE("steady-state callback transfers allocate nothing", "[alloc]") {
   INFO("allocations in " << window << " transfers: " << after - before);
   CHECK(after - before == 0);
   service.reset();
+}
+
+namespace {
+
+// Up to six local buffers of one lane, written as one transfer, inside a cacheable span.
+struct Parts {
+  std::array<std::span<const std::byte>, 6> parts{};
+  std::size_t count = 0;
+  dma::CacheableSpan whole{};
+  std::span<const std::span<const std::byte>> sources() const { return std::span(parts).first(count); }
+  std::optional<dma::CacheableSpan> cacheable_span() const { return whole; }
+};
+
+}  // namespace
+
+TEST_CASE("steady-state segmented and gathered transfers allocate nothing", "[alloc]") {
+  const bool gather = GENERATE(false, true);
+  const bool forced = GENERATE(false, true);
+  INFO((gather ? "a gather of 6 buffers of 64 B (2 posts at iov_limit 4)" : "1 KiB in 256 B segments (4 posts)")
+       << (forced ? ", registered locally" : ""));
+  constexpr std::size_t lane_bytes = 1024;
+  test::RemoteBuffer remote(lane_bytes * depth);
+  asio::io_context io(1);
+  auto c = configuration(dma::WaitMode::adaptive);
+  c.max_segment_bytes = 256;
+  c.force_local_registration = forced;
+  dma::asynchronous::FabricService<Parts> service(io, c);
+  std::vector<std::byte> local(lane_bytes * depth, std::byte{3});
+  const auto whole = *dma::CacheableSpan::make(reinterpret_cast<std::uintptr_t>(local.data()), local.size());
+  int done = 0, failed = 0;
+  std::uint64_t before = 0, after = 0;
+  auto lane = [&](int index) -> asio::awaitable<void> {
+    Parts parts;
+    parts.whole = whole;
+    const auto mine = std::span(local).subspan(static_cast<std::size_t>(index) * lane_bytes, lane_bytes);
+    if (gather) {
+      parts.count = 6;
+      for (std::size_t i = 0; i < 6; ++i)
+        parts.parts[i] = mine.subspan(i * 128, 64);  // apart, so each is an iov entry of its own
+    } else {
+      parts.count = 1;
+      parts.parts[0] = mine;
+    }
+    auto request = remote.request(dma::Direction::ToPeer, parts, 0, static_cast<std::uint64_t>(index) * lane_bytes);
+    while (done < warm_up + window) {
+      auto [context, outcome] = co_await service.submit(request);
+      if (!outcome) ++failed;
+      if (++done == warm_up) before = allocations.load();
+      if (done == warm_up + window) after = allocations.load();
+    }
+  };
+  for (int i = 0; i < depth; ++i)
+    asio::co_spawn(io, lane(i), asio::detached);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (done < warm_up + window + depth - 1 && std::chrono::steady_clock::now() < deadline) {
+    io.restart();
+    io.run_for(std::chrono::milliseconds(50));
+  }
+  REQUIRE(done >= warm_up + window);
+  CHECK(failed == 0);
+  const dma::Metrics m = service.metrics();
+  CHECK(m.segmented >= static_cast<std::uint64_t>(warm_up + window));
+  CHECK(m.posted >= 2 * m.segmented);
+  INFO("allocations in " << window << " transfers: " << after - before);
+  CHECK(after - before == 0);
 }
 
 // The per-transfer parts of segmented and gathered transfers and of write notifications: a

@@ -20,6 +20,20 @@ namespace snippets {
 
 using Bytes = std::vector<std::uint8_t>;
 
+struct Gather {
+  std::vector<std::span<const std::byte>> parts;  // header, body, trailer: written back to back
+  std::span<const std::span<const std::byte>> sources() const { return parts; }
+};
+
+void gather(dma::asynchronous::FabricService<Gather>& service, const dma::Advertisement& peer,
+            std::span<const std::byte> header, std::span<const std::byte> body) {
+  dma::TransferRequest<Gather> request;
+  request.client_id = 7;
+  request.set_peer(peer);
+  request.caller_context.parts = {header, body};
+  service.submit(std::move(request), [](dma::Completion<Gather>) {});
+}
+
 void expose(const dma::Configuration& configuration) {
   asio::io_context target_io;
   dma::Target target(target_io, configuration);           // throws std::system_error

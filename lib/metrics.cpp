@@ -147,6 +147,16 @@ void append_latency(std::string& out, std::string_view prefix, const LatencyHist
 
 }  // namespace
 
+Metrics& operator+=(Metrics& m, const Metrics& other) noexcept {
+  for (const Counter& c : counters)
+    m.*(c.field) += other.*(c.field);
+  m.cache_entries += other.cache_entries;
+  m.cache_bytes += other.cache_bytes;
+  m.posts_in_flight += other.posts_in_flight;
+  m.latency += other.latency;
+  return m;
+}
+
 std::string to_prometheus(const Metrics& metrics, std::string_view prefix) {
   if (!valid_prefix(prefix)) {
     throw std::invalid_argument("to_prometheus: '" + std::string(prefix) +

@@ -8,6 +8,7 @@
 #include <dma/configuration.hpp>
 #include <dma/detail/block_pool.hpp>
 #include <dma/detail/engine.hpp>
+#include <dma/detail/stripe.hpp>
 #include <dma/endpoint.hpp>
 #include <dma/error.hpp>
 #include <dma/memory_region.hpp>
@@ -308,6 +309,8 @@ class FabricService {
       close();
       executor_ = std::move(other.executor_);
       engine_ = std::move(other.engine_);
+      rails_ = std::move(other.rails_);
+      stripe_threshold_ = other.stripe_threshold_;
     }
     return *this;
   }
@@ -331,7 +334,9 @@ class FabricService {
   bool is_open() const noexcept { return engine_ != nullptr; }
   /// Starts the shutdown described at the destructor; the service is closed at once.
   void close() {
-    if (auto engine = std::exchange(engine_, nullptr)) engine->shutdown();
+    engine_.reset();
+    for (auto& engine : std::exchange(rails_, {}))
+      engine->shutdown();
   }
 
   /// The executor the service was built with (Asio's name).
@@ -374,16 +379,34 @@ class FabricService {
         [this](auto handler, std::uint64_t client, std::vector<std::uint8_t> bytes) {
           auto work = asio::prefer(asio::get_associated_executor(handler, executor_),
                                    asio::execution::outstanding_work.tracked);
-          if (!engine_) {
+          if (rails_.empty()) {
             return asio::post(work, [handler = std::move(handler)]() mutable {
               std::move(handler)(make_error_code(errc::not_open));
             });
           }
-          asio::post(engine_->strand(), [engine = engine_, client, bytes = std::move(bytes), work,
-                                         handler = std::move(handler)]() mutable {
-            const std::error_code ec = engine->insert_peer(client, bytes);
-            asio::dispatch(work, [handler = std::move(handler), ec]() mutable { std::move(handler)(ec); });
-          });
+          // Every endpoint inserts it; the first error is the answer, once all have.
+          struct Shared {
+            std::mutex mutex;
+            std::size_t left = 0;
+            std::error_code ec;
+            std::vector<std::uint8_t> bytes;
+            std::optional<decltype(handler)> done;
+            std::optional<decltype(work)> executor;
+          };
+          auto shared = std::make_shared<Shared>();
+          shared->left = rails_.size();
+          shared->bytes = std::move(bytes);
+          shared->done.emplace(std::move(handler));
+          shared->executor.emplace(std::move(work));
+          for (const auto& engine : rails_) {
+            asio::post(engine->strand(), [engine, client, shared] {
+              const std::error_code ec = engine->insert_peer(client, shared->bytes);
+              std::lock_guard lock(shared->mutex);
+              if (ec && !shared->ec) shared->ec = ec;
+              if (--shared->left != 0) return;
+              asio::dispatch(*shared->executor, [shared]() mutable { std::move (*shared->done)(shared->ec); });
+            });
+          }
         },
         token, client_id, std::move(address));
   }
@@ -418,16 +441,18 @@ class FabricService {
           auto done = [handler = std::move(handler)](Completion<detail::WarmUp> warmed) mutable {
             std::move(handler)(warmed.outcome.ok() ? std::error_code() : warmed.outcome.error());
           };
-          initiate(asio::bind_cancellation_slot(
-                       slot, asio::bind_executor(executor, asio::bind_allocator(allocator, std::move(done)))),
-                   std::move(request));
+          auto bound = asio::bind_cancellation_slot(
+              slot, asio::bind_executor(executor, asio::bind_allocator(allocator, std::move(done))));
+          if (rails_.size() > 1) return initiate_on_every_endpoint(std::move(bound), std::move(request));
+          initiate(std::move(bound), std::move(request));
         },
         token, client_id, peer);
   }
 
   /// Releases client_id's peer once every transfer it submitted before this call has finished.
   void remove_peer(std::uint64_t client_id) {
-    if (engine_) engine_->remove_peer(client_id);
+    for (const auto& engine : rails_)
+      engine->remove_peer(client_id);
   }
 
   /// Takes ownership of storage (a contiguous range such as std::vector<std::byte>) and registers
@@ -456,52 +481,208 @@ class FabricService {
             return asio::post(
                 work, [handler = std::move(handler), ec]() mutable { std::move(handler)(ec, MemoryRegion<S>()); });
           }
-          asio::post(engine_->strand(), [engine = engine_, boxed = std::move(boxed), base, length = bytes.size(), work,
-                                         handler = std::move(handler)]() mutable {
-            const std::error_code pinned = engine->pin(base, length, boxed);
-            auto region = pinned ? MemoryRegion<S>() : MemoryRegion<S>::adopt(std::move(boxed), base, base + length);
-            asio::dispatch(work, [handler = std::move(handler), pinned, region = std::move(region)]() mutable {
-              std::move(handler)(pinned, std::move(region));
-            });
-          });
+          // Pinned on every endpoint's domain in turn; the first error ends it.
+          pin_each(0, rails_, std::move(boxed), base, bytes.size(), std::move(work), std::move(handler));
         },
         token, std::make_shared<S>(std::move(storage)));
   }
 
   /// Transfers accepted and not yet completed (queued or posted): a load-balancing signal.
-  std::size_t outstanding() const noexcept { return engine_ ? engine_->outstanding() : 0; }
-  /// The endpoint's fabric address, to send to peers (efa-direct peers must insert it first).
+  std::size_t outstanding() const noexcept {
+    std::size_t n = 0;
+    for (const auto& engine : rails_)
+      n += engine->outstanding();
+    return n;
+  }
+  /// The first endpoint's fabric address, to send to peers (efa-direct peers must insert it first;
+  /// with several endpoints, each one's: see endpoint_addresses()).
   std::span<const std::uint8_t> local_address() const noexcept {
     return engine_ ? std::span<const std::uint8_t>(engine_->local_address()) : std::span<const std::uint8_t>();
   }
-  /// The endpoint's provider, attributes and limits; empty while closed.
+  /// Every endpoint's fabric address, in order (one per Configuration::endpoints).
+  std::vector<std::vector<std::uint8_t>> endpoint_addresses() const {
+    std::vector<std::vector<std::uint8_t>> addresses;
+    for (const auto& engine : rails_)
+      addresses.push_back(engine->local_address());
+    return addresses;
+  }
+  /// How many endpoints the service opened (Configuration::endpoints); 0 while closed.
+  std::size_t endpoints() const noexcept { return rails_.size(); }
+  /// The first endpoint's provider, attributes and limits; empty while closed.
   EndpointInfo describe() const { return engine_ ? engine_->describe() : EndpointInfo{}; }
-  /// The service's counters and latency histogram since it opened (see dma::Metrics); all zero
-  /// while closed. Any thread, without blocking.
-  Metrics metrics() const noexcept { return engine_ ? engine_->metrics() : Metrics{}; }
+  /// The service's counters and latency histogram since it opened (see dma::Metrics), summed over
+  /// its endpoints; all zero while closed. Any thread, without blocking. A striped transfer
+  /// counts once per endpoint it used.
+  Metrics metrics() const noexcept {
+    Metrics m;
+    for (const auto& engine : rails_)
+      m += engine->metrics();
+    return m;
+  }
 
  private:
   void open(const Configuration& configuration, std::error_code& ec, std::string& what) {
     close();
-    engine_ = detail::Engine::create(executor_, configuration, ec, what);
+    if (configuration.endpoints == 0 || configuration.endpoints > detail::max_endpoints) {
+      ec = errc::invalid_configuration;
+      what = "endpoints must be 1 to " + std::to_string(detail::max_endpoints) + ", not " +
+             std::to_string(configuration.endpoints);
+      return;
+    }
+    std::vector<std::shared_ptr<detail::Engine>> rails;
+    for (std::size_t k = 0; k < configuration.endpoints; ++k) {
+      auto engine = detail::Engine::create(executor_, rail_configuration(configuration, k), ec, what);
+      if (!engine) {
+        if (configuration.endpoints > 1) what = "endpoint " + std::to_string(k) + ": " + what;
+        for (auto& opened : rails)
+          opened->shutdown();
+        return;
+      }
+      rails.push_back(std::move(engine));
+    }
+    rails_ = std::move(rails);
+    engine_ = rails_.front();
+    stripe_threshold_ = std::max<std::size_t>(configuration.stripe_threshold, 1);
+  }
+
+  // Endpoint k of a service with several: the k-th of several interfaces (one per NIC), and only
+  // the first binds a fixed port.
+  static Configuration rail_configuration(const Configuration& configuration, std::size_t k) {
+    Configuration c = configuration;
+    if (k == 0) return c;
+    if (c.interfaces.size() > 1)
+      std::rotate(c.interfaces.begin(), c.interfaces.begin() + static_cast<std::ptrdiff_t>(k % c.interfaces.size()),
+                  c.interfaces.end());
+    c.port.reset();
+    return c;
+  }
+
+  // The least loaded endpoint, for a transfer that goes to one.
+  const std::shared_ptr<detail::Engine>& least_loaded() const noexcept {
+    const std::shared_ptr<detail::Engine>* best = &rails_.front();
+    std::size_t load = (*best)->outstanding();
+    for (std::size_t k = 1; k < rails_.size() && load != 0; ++k) {
+      const std::size_t n = rails_[k]->outstanding();
+      if (n < load) {
+        best = &rails_[k];
+        load = n;
+      }
+    }
+    return *best;
+  }
+
+  // The operand of a request to stripe: one contiguous buffer, no lists, at least the threshold.
+  // Resolved here, on the submitting thread.
+  template <typename C>
+  std::optional<std::span<std::byte>> stripe_operand(TransferRequest<C>& request) const {
+    if constexpr (requires { Operands<C>::remote_segments(request.caller_context); }) {
+      if (Operands<C>::remote_segments(request.caller_context)) return std::nullopt;
+    }
+    if (request.direction == Direction::ToPeer) {
+      if constexpr (requires { Operands<C>::sources(request.caller_context); }) {
+        if (Operands<C>::sources(request.caller_context)) return std::nullopt;
+      }
+      auto source = Operands<C>::source(request.caller_context);
+      if (!source || source->size() < stripe_threshold_) return std::nullopt;
+      return std::span<std::byte>(const_cast<std::byte*>(source->data()), source->size());
+    }
+    if (request.length < stripe_threshold_) return std::nullopt;
+    if constexpr (requires { Operands<C>::landing(request.caller_context); }) {
+      if (Operands<C>::landing(request.caller_context)) return std::nullopt;
+    }
+    auto landing = Operands<C>::allocate(request.caller_context, request.length);
+    if (!landing || landing->size() < request.length) return std::nullopt;  // the engine reports it
+    return landing->first(request.length);
+  }
+
+  template <typename Handler, typename S>
+  void pin_each(std::size_t k, std::vector<std::shared_ptr<detail::Engine>> rails, std::shared_ptr<S> boxed,
+                std::uintptr_t base, std::size_t length, auto work, Handler handler) {
+    auto engine = rails[k];
+    asio::post(engine->strand(), [this, k, rails = std::move(rails), engine, boxed = std::move(boxed), base, length,
+                                  work, handler = std::move(handler)]() mutable {
+      const std::error_code pinned = engine->pin(base, length, boxed);
+      if (!pinned && k + 1 < rails.size()) {
+        return pin_each(k + 1, std::move(rails), std::move(boxed), base, length, std::move(work), std::move(handler));
+      }
+      auto region = pinned ? MemoryRegion<S>() : MemoryRegion<S>::adopt(std::move(boxed), base, base + length);
+      asio::dispatch(work, [handler = std::move(handler), pinned, region = std::move(region)]() mutable {
+        std::move(handler)(pinned, std::move(region));
+      });
+    });
   }
 
   /// Submits request, a caller's transfer (C = Context) or the library's own (add_peer()'s warm-up).
   template <typename Handler, typename C>
   void initiate(Handler&& handler, TransferRequest<C>&& request) {
     using Op = detail::TransferOp<C, std::decay_t<Handler>, executor_type>;
+    if (rails_.size() > 1) {
+      if (auto operand = stripe_operand(request)) {
+        return initiate_striped(std::forward<Handler>(handler), std::move(request), *operand, rails_.size());
+      }
+    }
     Op* op = Op::create(std::forward<Handler>(handler), std::move(request), executor_);
     if (!engine_) {
       return asio::post(executor_, [op] { Op::complete(op, Outcome(make_error_code(errc::not_open))); });
     }
-    op->sequence = engine_->next_sequence();
+    const std::shared_ptr<detail::Engine>& engine = rails_.size() > 1 ? least_loaded() : engine_;
+    op->sequence = engine->next_sequence();
     auto slot = asio::get_associated_cancellation_slot(op->handler);
-    if (slot.is_connected()) slot.template emplace<detail::Canceller>(engine_, op, op->sequence);
-    engine_->submit(op);
+    if (slot.is_connected()) slot.template emplace<detail::Canceller>(engine, op, op->sequence);
+    engine->submit(op);
+  }
+
+  // add_peer()'s warm-up with several endpoints: a 0-byte write from each.
+  template <typename Handler, typename C>
+  void initiate_on_every_endpoint(Handler&& handler, TransferRequest<C>&& request) {
+    initiate_striped(std::forward<Handler>(handler), std::move(request), std::span<std::byte>(), rails_.size());
+  }
+
+  // `parts` transfers, one per endpoint, over consecutive pieces of operand (parts of 0 bytes
+  // when it is empty), joined into handler's one completion.
+  template <typename Handler, typename C>
+  void initiate_striped(Handler&& handler, TransferRequest<C>&& request, std::span<std::byte> operand,
+                        std::size_t parts) {
+    using Join = detail::StripeJoin<C, std::decay_t<Handler>, executor_type>;
+    using Part = detail::TransferOp<detail::StripePart, typename Join::PartDone, executor_type>;
+    std::optional<CacheableSpan> cacheable;
+    if (!operand.empty()) cacheable = Operands<C>::cacheable_span(request.caller_context);
+    const TransferFields fields = request;
+    Join* join = Join::create(std::forward<Handler>(handler), std::move(request.caller_context), executor_);
+    join->bytes = operand.size();
+    join->want_checksum = fields.want_checksum;
+    join->operand = operand;
+    join->count = parts;
+    join->remaining.store(parts, std::memory_order_relaxed);
+    // Pieces of whole 4 KiB pages where there are enough, the last one shorter.
+    constexpr std::size_t page = 4096;
+    std::size_t piece = (operand.size() + parts - 1) / parts;
+    if (piece > page) piece = (piece + page - 1) / page * page;
+    std::array<Part*, detail::max_endpoints> ops{};
+    for (std::size_t k = 0; k < parts; ++k) {
+      const std::size_t offset = std::min(k * piece, operand.size());
+      const std::size_t length = std::min(piece, operand.size() - offset);
+      TransferRequest<detail::StripePart> part;
+      static_cast<TransferFields&>(part) = fields;
+      part.want_checksum = false;  // the join computes one over the whole
+      part.remote_address = fields.remote_address + offset;
+      part.length = length;
+      if (fields.immediate_data && k + 1 != parts) part.immediate_data.reset();  // the peer hears one
+      part.caller_context = {operand.subspan(offset, length), cacheable};
+      ops[k] = Part::create(typename Join::PartDone{join}, std::move(part), executor_);
+      ops[k]->sequence = rails_[k]->next_sequence();
+      join->parts[k] = {rails_[k], ops[k], ops[k]->sequence};
+    }
+    auto slot = asio::get_associated_cancellation_slot(join->handler);
+    if (slot.is_connected()) slot.template emplace<typename Join::Canceller>(join);
+    for (std::size_t k = 0; k < parts; ++k)
+      rails_[k]->submit(ops[k]);  // the last may complete the join: nothing touches it after
   }
 
   executor_type executor_;
-  std::shared_ptr<detail::Engine> engine_;
+  std::shared_ptr<detail::Engine> engine_;              ///< the first endpoint's
+  std::vector<std::shared_ptr<detail::Engine>> rails_;  ///< every endpoint's, engine_ first
+  std::size_t stripe_threshold_ = std::size_t{1} << 20;
 };
 
 }  // namespace asynchronous

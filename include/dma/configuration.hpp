@@ -134,6 +134,15 @@ struct Configuration {
   /// The most posts of one segmented transfer in flight at once, 1 to 16.
   std::size_t segment_window = 8;
 
+  /// Endpoints one service opens, 1 to 16 (multi-rail). Each has its own completion queue,
+  /// credits and connections; with several Configuration::interfaces, endpoint k takes the k-th
+  /// (one per NIC), otherwise all share the first. A transfer of at least stripe_threshold bytes
+  /// is striped across all of them and completes once; a smaller one goes to the endpoint with
+  /// the fewest transfers outstanding. Only the first endpoint binds Configuration::port.
+  std::size_t endpoints = 1;
+  /// The smallest transfer striped across the endpoints (with endpoints > 1).
+  std::size_t stripe_threshold = std::size_t{1} << 20;
+
   /// Register every local operand (FI_MR_LOCAL) even where the provider does not need it, e.g. on
   /// tcp: runs the registration and cache path that efa-direct uses, on a laptop.
   bool force_local_registration = false;

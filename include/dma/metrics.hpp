@@ -166,6 +166,10 @@ struct Metrics {
   LatencyHistogram latency;
 };
 
+/// Adds other's counters, gauges and latency histogram to m: the metrics of several services (or
+/// endpoints) as one.
+Metrics& operator+=(Metrics& m, const Metrics& other) noexcept;
+
 /// The metrics in Prometheus' text exposition format (version 0.0.4): each counter as
 /// `<prefix><field>_total` (e.g. `dma_posted_total`), the two cache gauges as
 /// `<prefix>cache_entries`, `<prefix>cache_bytes` and `<prefix>posts_in_flight`, and `latency` as the histogram

@@ -595,3 +595,58 @@ TEST_CASE("100 torn-down and rebuilt connections and 100 endpoint replacements l
   CHECK(service.outstanding() == 0);
   CHECK(big_service.outstanding() == 0);
 }
+
+namespace {
+
+// A view of a buffer the test keeps, so many large transfers share one.
+struct Slice {
+  std::span<std::byte> bytes;
+  int id = 0;
+  std::span<const std::byte> source() const { return bytes; }
+};
+
+}  // namespace
+
+TEST_CASE("a peer killed mid-stripe fails each striped or segmented write once", "[faults][kill][stripe]") {
+  const std::size_t endpoints = GENERATE(std::size_t{1}, std::size_t{4});
+  INFO(endpoints << " endpoints, 16 MiB writes in 1 MiB segments");
+  constexpr std::size_t size = 16 << 20;
+  constexpr int total = 40;
+  Peer peer = Peer::start(size);
+  asio::io_context io;
+  auto c = configuration();
+  c.endpoints = endpoints;
+  c.stripe_threshold = 1 << 20;
+  c.max_segment_bytes = 1 << 20;
+  dma::asynchronous::FabricService<Slice> service(io, c);
+  std::vector<std::byte> buffer(size, std::byte{0x3c});
+  std::map<int, int> calls;
+  std::size_t delivered = 0, ok = 0;
+  for (int id = 0; id < total; ++id) {
+    dma::TransferRequest<Slice> r;
+    r.client_id = 1;
+    r.set_peer(peer.ad);
+    r.caller_context = {buffer, id};
+    service.submit(std::move(r), [&](dma::Completion<Slice> done) {
+      ++calls[done.caller_context.id];
+      ++delivered;
+      if (done.outcome.ok()) ++ok;
+    });
+  }
+  REQUIRE(run_until(
+      io, [&] { return delivered >= 2; }, 20s));
+  peer.child->kill_now();
+  REQUIRE(run_until(
+      io, [&] { return delivered == static_cast<std::size_t>(total); }, 30s));
+  CHECK(calls.size() == static_cast<std::size_t>(total));
+  CHECK(std::all_of(calls.begin(), calls.end(), [](const auto& entry) { return entry.second == 1; }));
+  INFO("succeeded before the kill: " << ok);
+  CHECK(ok >= 2);
+  CHECK(ok < static_cast<std::size_t>(total));
+  CHECK(service.outstanding() == 0);
+  // Nothing more arrives later.
+  (void)run_until(
+      io, [] { return false; }, 300ms);
+  CHECK(delivered == static_cast<std::size_t>(total));
+  CHECK(service.metrics().posts_in_flight == 0);
+}

@@ -1,0 +1,180 @@
+// Striping over several endpoints (Configuration::endpoints) over tcp on 127.0.0.1: striped
+// writes and reads land byte-exact and complete once, small transfers go to one endpoint, and
+// peers, warm-ups and cancellation reach every endpoint.
+#include "fixture.hpp"
+
+#include <asio/bind_cancellation_slot.hpp>
+#include <asio/cancellation_signal.hpp>
+
+#include <set>
+
+using dma::Direction;
+using Service = dma::asynchronous::FabricService<test::Payload>;
+
+namespace {
+
+constexpr std::size_t mib = std::size_t{1} << 20;
+
+dma::Configuration with_endpoints(std::size_t n, std::size_t threshold = 256 * 1024) {
+  auto c = test::loopback_configuration();
+  c.endpoints = n;
+  c.stripe_threshold = threshold;
+  return c;
+}
+
+dma::Completion<test::Payload> await_one(asio::io_context& io, Service& service,
+                                         dma::TransferRequest<test::Payload> request, int* calls = nullptr) {
+  std::promise<dma::Completion<test::Payload>> promise;
+  auto future = promise.get_future();
+  service.submit(std::move(request), [&, calls](dma::Completion<test::Payload> c) {
+    if (calls != nullptr) ++*calls;
+    promise.set_value(std::move(c));
+  });
+  REQUIRE(test::run_until(io, future, std::chrono::seconds(60)));
+  return future.get();
+}
+
+}  // namespace
+
+TEST_CASE("striping over 1, 2 and 4 endpoints lands byte-exact, with one completion and the right CRC",
+          "[loopback][stripe]") {
+  const std::size_t endpoints = GENERATE(std::size_t{1}, std::size_t{2}, std::size_t{4});
+  CAPTURE(endpoints);
+  constexpr std::size_t size = 16 * mib + 1234;  // not a multiple of anything
+  test::RemoteBuffer remote(size + 4096);
+  asio::io_context io;
+  Service service(io, with_endpoints(endpoints));
+  REQUIRE(service.endpoints() == endpoints);
+  const auto addresses = service.endpoint_addresses();
+  CHECK(std::set<std::vector<std::uint8_t>>(addresses.begin(), addresses.end()).size() == endpoints);
+
+  const auto bytes = test::pattern(size, 3);
+  auto write = remote.request(Direction::ToPeer, test::Payload{bytes}, 0, 100);
+  write.want_checksum = true;
+  int calls = 0;
+  const auto written = await_one(io, service, std::move(write), &calls);
+  INFO(written.outcome.message());
+  REQUIRE(written.outcome.ok());
+  CHECK(written.outcome->bytes == size);
+  CHECK(written.outcome->checksum == dma::checksum(bytes));
+  CHECK(std::equal(bytes.begin(), bytes.end(), remote.memory().begin() + 100));
+  CHECK(remote.memory()[99] == std::byte{0});
+  CHECK(remote.memory()[100 + size] == std::byte{0});
+
+  auto read = remote.request(Direction::FromPeer, test::Payload{}, size, 100);
+  read.want_checksum = true;
+  const auto got = await_one(io, service, std::move(read), &calls);
+  INFO(got.outcome.message());
+  REQUIRE(got.outcome.ok());
+  CHECK(got.outcome->checksum == dma::checksum(bytes));
+  CHECK(test::same(got.caller_context.bytes, bytes));
+  CHECK(calls == 2);
+
+  const dma::Metrics m = service.metrics();
+  CHECK(m.completed == 2 * endpoints);  // each part is a transfer of its endpoint
+  CHECK(m.failed == 0);
+  CHECK(m.posts_in_flight == 0);
+  CHECK(service.outstanding() == 0);
+}
+
+TEST_CASE("transfers below the stripe threshold go to one endpoint, the least loaded", "[loopback][stripe]") {
+  test::RemoteBuffer remote(64 * 1024);
+  asio::io_context io;
+  Service service(io, with_endpoints(4));
+  int done = 0, ok = 0;
+  for (int i = 0; i < 64; ++i) {
+    service.submit(remote.request(Direction::ToPeer, test::Payload{test::pattern(1024, static_cast<unsigned>(i))}, 0,
+                                  static_cast<std::uint64_t>(i) * 1024),
+                   [&](dma::Completion<test::Payload> c) {
+                     ++done;
+                     if (c.outcome.ok()) ++ok;
+                   });
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (done < 64 && std::chrono::steady_clock::now() < deadline) {
+    io.restart();
+    io.run_for(std::chrono::milliseconds(10));
+  }
+  REQUIRE(done == 64);
+  CHECK(ok == 64);
+  CHECK(service.metrics().completed == 64);  // one part each: none was striped
+  for (int i = 0; i < 64; ++i) {
+    const auto expected = test::pattern(1024, static_cast<unsigned>(i));
+    CHECK(std::equal(expected.begin(), expected.end(), remote.memory().begin() + i * 1024));
+  }
+}
+
+TEST_CASE("add_peer warms every endpoint; a striped write with immediate data notifies once", "[loopback][stripe]") {
+  test::RemoteBuffer remote(4 * mib);
+  asio::io_context io;
+  Service service(io, with_endpoints(3, mib));
+  auto warmed = service.add_peer(1, remote.advertisement(), asio::use_future);
+  REQUIRE(test::run_until(io, warmed));
+  REQUIRE_NOTHROW(warmed.get());
+  CHECK(service.metrics().completed == 3);  // one warm-up write per endpoint
+
+  auto r = remote.request(Direction::ToPeer, test::Payload{test::pattern(4 * mib, 6)});
+  r.immediate_data = 77;
+  const auto done = await_one(io, service, std::move(r));
+  REQUIRE(done.outcome.ok());
+  std::promise<dma::WriteNotification> promise;
+  auto future = promise.get_future();
+  remote.target().async_wait_written([&](std::error_code ec, dma::WriteNotification n) {
+    REQUIRE_FALSE(ec);
+    promise.set_value(n);
+  });
+  REQUIRE(future.wait_for(std::chrono::seconds(20)) == std::future_status::ready);
+  CHECK(future.get().data == 77);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  CHECK(remote.target().notifications_queued() == 0);
+
+  auto inserted = service.add_peer(
+      2, std::vector<std::uint8_t>(remote.advertisement().address.begin(), remote.advertisement().address.end()),
+      asio::use_future);
+  REQUIRE(test::run_until(io, inserted));
+  REQUIRE_NOTHROW(inserted.get());
+}
+
+TEST_CASE("a striped transfer to a frozen peer can be cancelled and completes once", "[loopback][stripe]") {
+  test::RemoteBuffer remote(16 * mib);
+  asio::io_context io;
+  Service service(io, with_endpoints(2, mib));
+  auto warmed = service.add_peer(1, remote.advertisement(), asio::use_future);
+  REQUIRE(test::run_until(io, warmed));
+  remote.pause();
+  asio::cancellation_signal signal;
+  std::promise<dma::Completion<test::Payload>> promise;
+  auto future = promise.get_future();
+  int calls = 0;
+  service.submit(remote.request(Direction::ToPeer, test::Payload{test::pattern(16 * mib, 2)}),
+                 asio::bind_cancellation_slot(signal.slot(), [&](dma::Completion<test::Payload> c) {
+                   ++calls;
+                   promise.set_value(std::move(c));
+                 }));
+  for (int i = 0; i < 10; ++i) {
+    io.restart();
+    io.run_for(std::chrono::milliseconds(5));
+  }
+  signal.emit(asio::cancellation_type::terminal);
+  REQUIRE(test::run_until(io, future));
+  CHECK(future.get().outcome.error() == asio::error::operation_aborted);
+  remote.resume();
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
+  while (std::chrono::steady_clock::now() < until) {
+    io.restart();
+    io.run_for(std::chrono::milliseconds(10));
+  }
+  CHECK(calls == 1);
+  CHECK(service.outstanding() == 0);
+}
+
+TEST_CASE("endpoints outside 1 to 16 are refused", "[loopback][stripe]") {
+  asio::io_context io;
+  auto c = test::loopback_configuration();
+  c.endpoints = GENERATE(std::size_t{0}, std::size_t{17});
+  std::error_code ec;
+  Service service(io.get_executor());
+  service.open(c, ec);
+  CHECK(ec == dma::errc::invalid_configuration);
+  CHECK_FALSE(service.is_open());
+}

@@ -561,7 +561,19 @@ TEST_CASE("100 torn-down and rebuilt connections and 100 endpoint replacements l
   dma::asynchronous::FabricService<Shared> big_service(io, configuration());
   const auto big_bytes = std::make_shared<const std::vector<std::byte>>(64 << 20, std::byte{0x3c});
   std::size_t cancelled_done = 0;
+  const auto small_bytes = std::make_shared<const std::vector<std::byte>>(4096, std::byte{0x3c});
   auto cycle_cancel = [&] {
+    // The current endpoint connects with the peer running; then the peer freezes, so the big
+    // write is still in flight when it is cancelled, however fast the machine moves 64 MiB.
+    dma::TransferRequest<Shared> warm;
+    warm.client_id = 1;
+    warm.set_peer(peer.ad);
+    warm.caller_context.bytes = small_bytes;
+    bool warmed = false;
+    big_service.submit(std::move(warm), [&](dma::Completion<Shared> c) { warmed = c.outcome.ok(); });
+    REQUIRE(run_until(
+        io, [&] { return warmed; }, 10s));
+    peer.child->signal(SIGSTOP);
     asio::cancellation_signal signal;
     dma::TransferRequest<Shared> big;
     big.client_id = 1;
@@ -573,9 +585,11 @@ TEST_CASE("100 torn-down and rebuilt connections and 100 endpoint replacements l
                        asio::bind_cancellation_slot(signal.slot(), [&](dma::Completion<Shared>) { ++cancelled_done; }));
     REQUIRE(run_until(
         io, [&] { return big_service.metrics().posted > posted; }, 10s));
-    signal.emit(asio::cancellation_type::terminal);  // 64 MiB over loopback: still in flight
-    REQUIRE(run_until(
-        io, [&] { return cancelled_done == want; }, 10s));
+    signal.emit(asio::cancellation_type::terminal);  // the peer is frozen: still in flight
+    const bool cancelled = run_until(
+        io, [&] { return cancelled_done == want; }, 10s);
+    peer.child->signal(SIGCONT);
+    REQUIRE(cancelled);
   };
   for (int i = 0; i < 5; ++i) {
     cycle_bad_key();

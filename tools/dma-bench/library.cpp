@@ -12,9 +12,9 @@ namespace bench {
 
 void Library::prepare(const Point& point) {
   if (point.api == Api::callback) {
-    (void)callback_service(point.wait);
+    (void)callback_service(point.wait, point.endpoints);
   } else {
-    (void)async_service(point.wait);
+    (void)async_service(point.wait, point.endpoints);
   }
 }
 
@@ -44,12 +44,12 @@ Sample Library::run(const Point& point) {
 }
 
 dma::LatencyHistogram Library::latency(const Point& point) {
-  return point.api == Api::callback ? callback_service(point.wait).metrics().latency
-                                    : async_service(point.wait).metrics().latency;
+  return point.api == Api::callback ? callback_service(point.wait, point.endpoints).metrics().latency
+                                    : async_service(point.wait, point.endpoints).metrics().latency;
 }
 
 Sample Library::awaitable(const Point& point) {
-  auto& service = async_service(point.wait);
+  auto& service = async_service(point.wait, point.endpoints);
   Sample sample;
   const auto end = Clock::now() + span_of(setup_.duration);
   const bool latency = point.depth == 1;
@@ -76,7 +76,7 @@ double Library::run_lanes(Clock::time_point start) {
 }
 
 Sample Library::handler(const Point& point) {
-  auto& service = async_service(point.wait);
+  auto& service = async_service(point.wait, point.endpoints);
   Sample sample;
   struct Lane {
     dma::asynchronous::FabricService<Slice>* service;
@@ -107,7 +107,7 @@ Sample Library::handler(const Point& point) {
 }
 
 Sample Library::callback(const Point& point) {
-  auto& service = callback_service(point.wait);
+  auto& service = callback_service(point.wait, point.endpoints);
   std::unique_lock lock(mutex_);
   sample_ = Sample{};
   point_ = point;
@@ -133,26 +133,28 @@ void Library::print_metrics() const {
                  static_cast<unsigned long long>(m.armed_late), static_cast<unsigned long long>(m.eagain),
                  static_cast<unsigned long long>(m.backstop_hits), static_cast<unsigned long long>(m.joined_pass));
   };
-  for (const auto& [wait, service] : async_)
-    line("async " + std::string(to_string(wait)) + ":", service->metrics());
-  for (const auto& [wait, service] : callback_)
-    line("callback " + std::string(to_string(wait)) + ":", service->metrics());
+  for (const auto& [key, service] : async_)
+    line("async " + std::string(to_string(key.first)) + " x" + std::to_string(key.second) + ":", service->metrics());
+  for (const auto& [key, service] : callback_)
+    line("callback " + std::string(to_string(key.first)) + " x" + std::to_string(key.second) + ":", service->metrics());
 }
 
-dma::asynchronous::FabricService<Slice>& Library::async_service(Wait wait) {
-  auto& slot = async_[wait];
-  if (!slot) slot = std::make_unique<dma::asynchronous::FabricService<Slice>>(io_, setup_.configuration(wait));
+dma::asynchronous::FabricService<Slice>& Library::async_service(Wait wait, std::size_t endpoints) {
+  auto& slot = async_[{wait, endpoints}];
+  if (!slot) {
+    slot = std::make_unique<dma::asynchronous::FabricService<Slice>>(io_, setup_.configuration(wait, endpoints));
+  }
   return *slot;
 }
 
-dma::FabricService<Slice>& Library::callback_service(Wait wait) {
-  auto& slot = callback_[wait];
+dma::FabricService<Slice>& Library::callback_service(Wait wait, std::size_t endpoints) {
+  auto& slot = callback_[{wait, endpoints}];
   if (!slot) {
     // The completer runs on the fabric thread: it holds its own map entry (whose address never
     // changes) rather than looking it up while this thread may be inserting another.
     auto* service = &slot;
     slot = dma::FabricService<Slice>::start(
-        setup_.configuration(wait),
+        setup_.configuration(wait, endpoints),
         [this, service](std::span<dma::Completion<Slice>> batch) {
           for (auto& completion : batch)
             completed(**service, completion);

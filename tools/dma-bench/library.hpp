@@ -35,8 +35,8 @@ class Library {
   void print_metrics() const;
 
  private:
-  dma::asynchronous::FabricService<Slice>& async_service(Wait wait);
-  dma::FabricService<Slice>& callback_service(Wait wait);
+  dma::asynchronous::FabricService<Slice>& async_service(Wait wait, std::size_t endpoints);
+  dma::FabricService<Slice>& callback_service(Wait wait, std::size_t endpoints);
   /// The histogram of the service a point runs on.
   dma::LatencyHistogram latency(const Point& point);
   double run_lanes(Clock::time_point start);
@@ -45,8 +45,8 @@ class Library {
 
   const Setup& setup_;
   asio::io_context io_;
-  std::map<Wait, std::unique_ptr<dma::asynchronous::FabricService<Slice>>> async_;
-  std::map<Wait, std::unique_ptr<dma::FabricService<Slice>>> callback_;
+  std::map<std::pair<Wait, std::size_t>, std::unique_ptr<dma::asynchronous::FabricService<Slice>>> async_;
+  std::map<std::pair<Wait, std::size_t>, std::unique_ptr<dma::FabricService<Slice>>> callback_;
   std::mutex mutex_;
   std::condition_variable done_;
   Sample sample_;

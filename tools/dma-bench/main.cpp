@@ -53,8 +53,10 @@ std::vector<Point> points_of(const Options& o) {
     for (const auto size : o.sizes) {
       for (const int depth : o.depths) {
         for (const auto wait : o.waits) {
-          for (const auto api : o.apis)
-            points.push_back({api, direction, size, depth, wait});
+          for (const auto endpoints : o.endpoints) {
+            for (const auto api : o.apis)
+              points.push_back({api, direction, size, depth, wait, endpoints});
+          }
         }
       }
     }

@@ -64,6 +64,7 @@ std::variant<Options, int> parse_options(int argc, char** argv) {
   std::vector<std::string> sizes = {"64", "1K", "4K", "64K", "1M", "4M"}, directions = {"write", "read"};
   std::vector<std::string> apis = {"awaitable", "callback"}, waits = {"fd", "adaptive", "busy"};
   std::vector<int> depths = {1, 16, 64};
+  std::vector<int> endpoints;
   std::string target = "child", target_wait = "fd", only, pin;
   const auto wait_names = CLI::IsMember({"fd", "adaptive", "busy"});
 
@@ -89,6 +90,11 @@ std::variant<Options, int> parse_options(int argc, char** argv) {
       ->check(CLI::IsMember({"awaitable", "handler", "callback", "raw"}))
       ->capture_default_str();
   app.add_option("--wait", waits, "fd, adaptive, busy")->delimiter(',')->check(wait_names)->capture_default_str();
+  app.add_option("--endpoints", endpoints,
+                 "endpoints the library's service stripes over, comma-separated, 1 to 16 (default: the "
+                 "configuration's, 1); the raw loop always uses one")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 16));
   app.add_option("--runs", o.runs, "interleaved runs per point (medians are reported)")
       ->check(CLI::Range(1, 100000))
       ->capture_default_str();
@@ -130,6 +136,10 @@ std::variant<Options, int> parse_options(int argc, char** argv) {
   }
   o.apis = converted<Api>(apis, [](const std::string& s) { return api_from(s); });
   o.waits = converted<Wait>(waits, [](const std::string& s) { return wait_from(s); });
+  for (const int n : endpoints) {
+    const auto value = static_cast<std::size_t>(n);
+    if (std::find(o.endpoints.begin(), o.endpoints.end(), value) == o.endpoints.end()) o.endpoints.push_back(value);
+  }
   o.inprocess_target = target == "inprocess";
   o.target_wait = *wait_from(target_wait);
   if (!only.empty()) o.only = only == "library" ? Only::library : Only::raw;
@@ -154,6 +164,7 @@ std::variant<Options, int> parse_options(int argc, char** argv) {
     o.initiator_cpu = *cpu_number(std::string_view(pin).substr(0, comma));
     o.target_cpu = *cpu_number(std::string_view(pin).substr(comma + 1));
   }
+  if (o.endpoints.empty()) o.endpoints = {std::max<std::size_t>(o.configuration.endpoints, 1)};
   if (o.serve) return o;
 
   auto refuse = [](const std::string& message) {

@@ -27,6 +27,7 @@ struct Options {
   std::vector<int> depths;
   std::vector<Api> apis;
   std::vector<Wait> waits;
+  std::vector<std::size_t> endpoints;  ///< --endpoints: the library service's, one point each
   int runs = 5;
   double duration = 0.2;  ///< seconds per run
   double spin_us = 50;

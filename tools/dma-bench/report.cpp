@@ -64,9 +64,9 @@ std::string environment_line(const Environment& e) {
 }
 
 void print_table(const std::vector<Row>& rows, bool child_target) {
-  std::printf("%-9s %-5s %6s %5s %-8s %9s %9s %9s %9s %9s %9s %9s %8s %9s %9s %8s %8s %12s\n", "api", "dir", "size",
-              "depth", "wait", "GB/s", "Mxfer/s", "cpu-i/GiB", child_target ? "cpu-t/GiB" : "", "p50 us", "p99 us",
-              "svc p50", "t-sleeps", "raw GB/s", "raw cpu-i", "raw t-sl", "lib/raw", "95% CI");
+  std::printf("%-9s %-5s %6s %5s %-8s %3s %9s %9s %9s %9s %9s %9s %9s %8s %9s %9s %8s %8s %12s\n", "api", "dir", "size",
+              "depth", "wait", "ep", "GB/s", "Mxfer/s", "cpu-i/GiB", child_target ? "cpu-t/GiB" : "", "p50 us",
+              "p99 us", "svc p50", "t-sleeps", "raw GB/s", "raw cpu-i", "raw t-sl", "lib/raw", "95% CI");
   for (const auto& r : rows) {
     char p50[16] = "-", p99[16] = "-", cpu_t[16] = "", service_p50[16] = "-";
     if (r.lib.service_p50 > 0) std::snprintf(service_p50, sizeof service_p50, "%.1f", r.lib.service_p50);
@@ -94,11 +94,11 @@ void print_table(const std::vector<Row>& rows, bool child_target) {
       if (r.ratio_high > 0) std::snprintf(interval, sizeof interval, "%.3f-%.3f", r.ratio_low, r.ratio_high);
     }
     if (r.library_missing || !child_target) cpu_t[0] = '\0';
-    std::printf("%-9s %-5s %6s %5d %-8s %9s %9s %9s %9s %9s %9s %9s %8s %9s %9s %8s %8s %12s%s\n",
+    std::printf("%-9s %-5s %6s %5d %-8s %3zu %9s %9s %9s %9s %9s %9s %9s %8s %9s %9s %8s %8s %12s%s\n",
                 std::string(to_string(r.point.api)).c_str(), std::string(to_string(r.point.direction)).c_str(),
-                size_text(r.point.size).c_str(), r.point.depth, std::string(to_string(r.point.wait)).c_str(), gbps,
-                mops, cpu_i, cpu_t, p50, p99, service_p50, sleeps, raw_gbps, raw_cpu, raw_sleeps, ratio_text, interval,
-                r.lib.errors != 0 ? "  ERRORS" : "");
+                size_text(r.point.size).c_str(), r.point.depth, std::string(to_string(r.point.wait)).c_str(),
+                r.point.endpoints, gbps, mops, cpu_i, cpu_t, p50, p99, service_p50, sleeps, raw_gbps, raw_cpu,
+                raw_sleeps, ratio_text, interval, r.lib.errors != 0 ? "  ERRORS" : "");
   }
 }
 
@@ -135,7 +135,8 @@ void print_json(const std::vector<Row>& rows, const Environment& e, const Option
     char interval[48] = "null";
     if (r.ratio_high > 0) std::snprintf(interval, sizeof interval, "[%.4f, %.4f]", r.ratio_low, r.ratio_high);
     std::printf(
-        "    {\"api\": \"%s\", \"direction\": \"%s\", \"size\": %zu, \"depth\": %d, \"wait\": \"%s\", \"runs\": %d, "
+        "    {\"api\": \"%s\", \"direction\": \"%s\", \"size\": %zu, \"depth\": %d, \"wait\": \"%s\", \"endpoints\": "
+        "%zu, \"runs\": %d, "
         "\"gbps\": %.6f, \"mtransfers_per_s\": %.6f, \"cpu_initiator_s_per_gib\": %.6f, "
         "\"cpu_target_s_per_gib\": %.6f, \"target_sleeps_per_transfer\": %.4f, \"p50_us\": %.3f, "
         "\"p99_us\": %.3f, \"service_p50_us\": %.3f, \"raw_gbps\": %.6f, \"raw_mtransfers_per_s\": %.6f, "
@@ -143,9 +144,9 @@ void print_json(const std::vector<Row>& rows, const Environment& e, const Option
         "\"raw_cpu_initiator_s_per_gib\": %.6f, \"raw_cpu_target_s_per_gib\": %.6f, "
         "\"raw_target_sleeps_per_transfer\": %.4f, \"ratio\": %.4f, \"ratio_ci95\": %s, \"errors\": %llu}%s\n",
         std::string(to_string(r.point.api)).c_str(), std::string(to_string(r.point.direction)).c_str(), r.point.size,
-        r.point.depth, std::string(to_string(r.point.wait)).c_str(), r.runs, r.lib.gbps, r.lib.mops, r.lib.cpu_init,
-        r.lib.cpu_target, r.lib.target_sleeps, r.lib.p50, r.lib.p99, r.lib.service_p50, r.raw.gbps, r.raw.mops,
-        r.raw.p50, r.raw.cpu_init, r.raw.cpu_target, r.raw.target_sleeps, r.ratio, interval,
+        r.point.depth, std::string(to_string(r.point.wait)).c_str(), r.point.endpoints, r.runs, r.lib.gbps, r.lib.mops,
+        r.lib.cpu_init, r.lib.cpu_target, r.lib.target_sleeps, r.lib.p50, r.lib.p99, r.lib.service_p50, r.raw.gbps,
+        r.raw.mops, r.raw.p50, r.raw.cpu_init, r.raw.cpu_target, r.raw.target_sleeps, r.ratio, interval,
         static_cast<unsigned long long>(r.lib.errors), i + 1 < rows.size() ? "," : "");
   }
   std::printf("  ]\n}\n");

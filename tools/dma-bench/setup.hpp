@@ -45,8 +45,9 @@ struct Setup {
 
   /// What both sides open their endpoints with: the same CQ (wait object, size) and credits,
   /// enough of them for the deepest depth.
-  dma::Configuration configuration(Wait wait) const {
+  dma::Configuration configuration(Wait wait, std::size_t endpoints = 1) const {
     dma::Configuration c = base;
+    c.endpoints = endpoints;
     c.bind = bind;
     c.wait_mode = wait_mode(wait);
     c.spin_budget = spin_budget;

@@ -43,6 +43,7 @@ struct Point {
   std::size_t size = 0;
   int depth = 1;
   Wait wait = Wait::fd;
+  std::size_t endpoints = 1;  ///< the library's (--endpoints); the raw loop always has one
 };
 
 /// One timed run of one side at one point.

@@ -219,6 +219,48 @@ TEST_CASE("steady-state segmented and gathered transfers allocate nothing", "[al
   CHECK(after - before == 0);
 }
 
+TEST_CASE("steady-state striped transfers allocate nothing", "[alloc]") {
+  const auto direction = GENERATE(dma::Direction::ToPeer, dma::Direction::FromPeer);
+  INFO((direction == dma::Direction::ToPeer ? "writes" : "reads") << " of 8 KiB striped over 2 endpoints");
+  constexpr std::size_t lane_bytes = 8192;
+  test::RemoteBuffer remote(lane_bytes * depth);
+  asio::io_context io(1);
+  auto c = configuration(dma::WaitMode::adaptive);
+  c.endpoints = 2;
+  c.stripe_threshold = 4096;
+  struct Both {
+    std::span<std::byte> bytes;
+    std::span<const std::byte> source() const { return bytes; }
+    std::span<std::byte> allocate(std::size_t) const { return bytes; }
+  };
+  dma::asynchronous::FabricService<Both> service(io, c);
+  std::vector<std::byte> local(lane_bytes * depth, std::byte{4});
+  int done = 0, failed = 0;
+  std::uint64_t before = 0, after = 0;
+  auto lane = [&](int index) -> asio::awaitable<void> {
+    const auto offset = static_cast<std::size_t>(index) * lane_bytes;
+    auto request = remote.request(direction, Both{std::span(local).subspan(offset, lane_bytes)}, lane_bytes, offset);
+    while (done < warm_up + window) {
+      auto [context, outcome] = co_await service.submit(request);
+      if (!outcome) ++failed;
+      if (++done == warm_up) before = allocations.load();
+      if (done == warm_up + window) after = allocations.load();
+    }
+  };
+  for (int i = 0; i < depth; ++i)
+    asio::co_spawn(io, lane(i), asio::detached);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (done < warm_up + window + depth - 1 && std::chrono::steady_clock::now() < deadline) {
+    io.restart();
+    io.run_for(std::chrono::milliseconds(50));
+  }
+  REQUIRE(done >= warm_up + window);
+  CHECK(failed == 0);
+  CHECK(service.metrics().completed >= 2 * static_cast<std::uint64_t>(warm_up + window));  // two parts each
+  INFO("allocations in " << window << " transfers: " << after - before);
+  CHECK(after - before == 0);
+}
+
 // The per-transfer parts of segmented and gathered transfers and of write notifications: a
 // 64 MiB write in 1 MiB posts, a gather of 9 buffers over iov_limit 4, and 10,000 notifications.
 TEST_CASE("planning, tracking and queueing notifications allocate nothing", "[alloc]") {

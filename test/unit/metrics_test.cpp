@@ -195,3 +195,20 @@ TEST_CASE("a prefix that no metric name may start with is refused", "[metrics]")
   CHECK_NOTHROW(dma::to_prometheus(dma::Metrics{}, ""));
   CHECK_NOTHROW(dma::to_prometheus(dma::Metrics{}, "service:a_"));
 }
+
+TEST_CASE("adding metrics adds every counter, gauge and the histogram", "[metrics]") {
+  const dma::Metrics one = sample_metrics();
+  dma::Metrics two = one;
+  two += one;
+  CHECK(two.posted == 2 * one.posted);
+  CHECK(two.cache_bytes == 2 * one.cache_bytes);
+  CHECK(two.latency.count() == 2 * one.latency.count());
+  // Every line of the exposition doubles: no field is left out.
+  std::istringstream a(dma::to_prometheus(one)), b(dma::to_prometheus(two));
+  for (std::string x, y; std::getline(a, x) && std::getline(b, y);) {
+    if (x.rfind('#', 0) == 0 || x.find("_bucket{") != std::string::npos) continue;
+    const auto space = x.rfind(' ');
+    CAPTURE(x, y);
+    CHECK(std::stod(y.substr(space + 1)) == Approx(2 * std::stod(x.substr(space + 1))));
+  }
+}

@@ -57,6 +57,7 @@ struct StripeJoin {
 
   /// Installed in the caller's cancellation slot: cancels every part, queued or posted.
   struct Canceller {
+    explicit Canceller(StripeJoin* j) noexcept : join(j) {}
     StripeJoin* join;
     void operator()(asio::cancellation_type type) const {
       if (type == asio::cancellation_type::none) return;

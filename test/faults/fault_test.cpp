@@ -36,6 +36,18 @@
 
 namespace {
 
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool address_sanitizer = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+constexpr bool address_sanitizer = true;
+#else
+constexpr bool address_sanitizer = false;
+#endif
+#else
+constexpr bool address_sanitizer = false;
+#endif
+
 using test::run_until;
 
 using namespace std::chrono_literals;
@@ -605,7 +617,9 @@ TEST_CASE("100 torn-down and rebuilt connections and 100 endpoint replacements l
   CHECK(big_service.metrics().endpoint_replacements >= 90);
   INFO("fds " << fds << " -> " << open_fds() << ", rss " << rss << " -> " << rss_kib() << " KiB");
   CHECK(open_fds() <= fds + 2);
-  CHECK(rss_kib() < rss + rss / 10 + 8 * 1024);
+  // AddressSanitizer keeps freed memory in its quarantine (256 MiB), so a closed endpoint's pools
+  // stay resident there; LeakSanitizer checks for leaks in that build instead.
+  if (!address_sanitizer) CHECK(rss_kib() < rss + rss / 10 + 8 * 1024);
   CHECK(service.outstanding() == 0);
   CHECK(big_service.outstanding() == 0);
 }

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <map>
 #include <optional>
@@ -114,10 +115,21 @@ class PeerTable {
   /// The one last-binding cache: the entry when client_id was the last one looked up and is bound
   /// to exactly these bytes (validated when they were inserted), else null.
   Entry* cached(std::uint64_t client_id, std::span<const std::uint8_t> address) const noexcept {
-    if (last_entry_ == nullptr || client_id != last_client_ || !std::ranges::equal(last_entry_->address, address)) {
+    if (last_entry_ == nullptr || client_id != last_client_ || !equal_address(last_entry_->address, address)) {
       return nullptr;
     }
     return last_entry_;
+  }
+  // Equal bytes; a 16-byte address (sockaddr_in, the tcp case) in two loads instead of a memcmp call.
+  static bool equal_address(std::span<const std::uint8_t> a, std::span<const std::uint8_t> b) noexcept {
+    if (a.size() != b.size()) return false;
+    if (a.size() == 16) {
+      std::uint64_t x[2], y[2];
+      std::memcpy(x, a.data(), 16);
+      std::memcpy(y, b.data(), 16);
+      return ((x[0] ^ y[0]) | (x[1] ^ y[1])) == 0;
+    }
+    return std::ranges::equal(a, b);
   }
   Entry* acquire_slow(std::uint64_t client_id, std::span<const std::uint8_t> address, std::error_code& ec);
   std::string_view identity_of(std::span<const std::uint8_t> address) const noexcept;

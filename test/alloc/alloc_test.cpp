@@ -47,22 +47,18 @@ dma::Configuration configuration(dma::WaitMode mode) {
   return c;
 }
 
-}  // namespace
-
-TEST_CASE("steady-state awaitable transfers allocate nothing", "[alloc]") {
-  const auto mode = GENERATE(dma::WaitMode::fd, dma::WaitMode::adaptive, dma::WaitMode::busy_poll);
-  INFO("wait mode " << dma::to_string(mode));
-  test::RemoteBuffer remote(64 * depth);
-  asio::io_context io(1);
-  dma::asynchronous::FabricService<Slice> service(io, configuration(mode));
-  std::vector<std::byte> local(64 * depth, std::byte{7});
-  int done = 0, failed = 0;
+/// `depth` coroutine lanes, each awaiting request_for(lane) again and again, until warm_up +
+/// window transfers are done: the heap allocations counted over the window. `failed` counts the
+/// transfers that failed.
+template <typename Context, typename RequestFor>
+std::uint64_t allocations_over_window(asio::io_context& io, dma::asynchronous::FabricService<Context>& service,
+                                      RequestFor request_for, int& failed) {
+  int done = 0;
   std::uint64_t before = 0, after = 0;
   auto lane = [&](int index) -> asio::awaitable<void> {
-    auto request =
-        remote.request(dma::Direction::ToPeer, Slice{std::span(local).subspan(index * 64, 64)}, 0, index * 64);
+    auto request = request_for(index);
     while (done < warm_up + window) {
-      auto [slice, outcome] = co_await service.submit(request);
+      auto [context, outcome] = co_await service.submit(request);
       if (!outcome) ++failed;
       if (++done == warm_up) before = allocations.load();
       if (done == warm_up + window) after = allocations.load();
@@ -76,9 +72,30 @@ TEST_CASE("steady-state awaitable transfers allocate nothing", "[alloc]") {
     io.run_for(std::chrono::milliseconds(50));
   }
   REQUIRE(done >= warm_up + window);
+  return after - before;
+}
+
+}  // namespace
+
+TEST_CASE("steady-state awaitable transfers allocate nothing", "[alloc]") {
+  const auto mode = GENERATE(dma::WaitMode::fd, dma::WaitMode::adaptive, dma::WaitMode::busy_poll);
+  INFO("wait mode " << dma::to_string(mode));
+  test::RemoteBuffer remote(64 * depth);
+  asio::io_context io(1);
+  dma::asynchronous::FabricService<Slice> service(io, configuration(mode));
+  std::vector<std::byte> local(64 * depth, std::byte{7});
+  int failed = 0;
+  const std::uint64_t allocated = allocations_over_window(
+      io, service,
+      [&](int index) {
+        auto request =
+            remote.request(dma::Direction::ToPeer, Slice{std::span(local).subspan(index * 64, 64)}, 0, index * 64);
+        return request;
+      },
+      failed);
   CHECK(failed == 0);
-  INFO("allocations in " << window << " transfers: " << after - before);
-  CHECK(after - before == 0);
+  INFO("allocations in " << window << " transfers: " << allocated);
+  CHECK(allocated == 0);
 }
 
 TEST_CASE("steady-state writes with immediate data allocate nothing, the target's notifications included", "[alloc]") {
@@ -90,31 +107,20 @@ TEST_CASE("steady-state writes with immediate data allocate nothing, the target'
   asio::io_context io(1);
   dma::asynchronous::FabricService<Slice> service(io, configuration(dma::WaitMode::adaptive));
   std::vector<std::byte> local(64 * depth, std::byte{5});
-  int done = 0, failed = 0;
-  std::uint64_t before = 0, after = 0;
-  auto lane = [&](int index) -> asio::awaitable<void> {
-    auto request =
-        remote.request(dma::Direction::ToPeer, Slice{std::span(local).subspan(index * 64, 64)}, 0, index * 64);
-    request.immediate_data = static_cast<std::uint64_t>(index);
-    while (done < warm_up + window) {
-      auto [slice, outcome] = co_await service.submit(request);
-      if (!outcome) ++failed;
-      if (++done == warm_up) before = allocations.load();
-      if (done == warm_up + window) after = allocations.load();
-    }
-  };
-  for (int i = 0; i < depth; ++i)
-    asio::co_spawn(io, lane(i), asio::detached);
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (done < warm_up + window + depth - 1 && std::chrono::steady_clock::now() < deadline) {
-    io.restart();
-    io.run_for(std::chrono::milliseconds(50));
-  }
-  REQUIRE(done >= warm_up + window);
+  int failed = 0;
+  const std::uint64_t allocated = allocations_over_window(
+      io, service,
+      [&](int index) {
+        auto request =
+            remote.request(dma::Direction::ToPeer, Slice{std::span(local).subspan(index * 64, 64)}, 0, index * 64);
+        request.immediate_data = static_cast<std::uint64_t>(index);
+        return request;
+      },
+      failed);
   CHECK(failed == 0);
   CHECK(heard.load() > 0);
-  INFO("allocations in " << window << " transfers: " << after - before);
-  CHECK(after - before == 0);
+  INFO("allocations in " << window << " transfers: " << allocated);
+  CHECK(allocated == 0);
 }
 
 TEST_CASE("steady-state callback transfers allocate nothing", "[alloc]") {
@@ -181,42 +187,31 @@ TEST_CASE("steady-state segmented and gathered transfers allocate nothing", "[al
   dma::asynchronous::FabricService<Parts> service(io, c);
   std::vector<std::byte> local(lane_bytes * depth, std::byte{3});
   const auto whole = *dma::CacheableSpan::make(reinterpret_cast<std::uintptr_t>(local.data()), local.size());
-  int done = 0, failed = 0;
-  std::uint64_t before = 0, after = 0;
-  auto lane = [&](int index) -> asio::awaitable<void> {
-    Parts parts;
-    parts.whole = whole;
-    const auto mine = std::span(local).subspan(static_cast<std::size_t>(index) * lane_bytes, lane_bytes);
-    if (gather) {
-      parts.count = 6;
-      for (std::size_t i = 0; i < 6; ++i)
-        parts.parts[i] = mine.subspan(i * 128, 64);  // apart, so each is an iov entry of its own
-    } else {
-      parts.count = 1;
-      parts.parts[0] = mine;
-    }
-    auto request = remote.request(dma::Direction::ToPeer, parts, 0, static_cast<std::uint64_t>(index) * lane_bytes);
-    while (done < warm_up + window) {
-      auto [context, outcome] = co_await service.submit(request);
-      if (!outcome) ++failed;
-      if (++done == warm_up) before = allocations.load();
-      if (done == warm_up + window) after = allocations.load();
-    }
-  };
-  for (int i = 0; i < depth; ++i)
-    asio::co_spawn(io, lane(i), asio::detached);
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (done < warm_up + window + depth - 1 && std::chrono::steady_clock::now() < deadline) {
-    io.restart();
-    io.run_for(std::chrono::milliseconds(50));
-  }
-  REQUIRE(done >= warm_up + window);
+  int failed = 0;
+  const std::uint64_t allocated = allocations_over_window(
+      io, service,
+      [&](int index) {
+        Parts parts;
+        parts.whole = whole;
+        const auto mine = std::span(local).subspan(static_cast<std::size_t>(index) * lane_bytes, lane_bytes);
+        if (gather) {
+          parts.count = 6;
+          for (std::size_t i = 0; i < 6; ++i)
+            parts.parts[i] = mine.subspan(i * 128, 64);  // apart, so each is an iov entry of its own
+        } else {
+          parts.count = 1;
+          parts.parts[0] = mine;
+        }
+        auto request = remote.request(dma::Direction::ToPeer, parts, 0, static_cast<std::uint64_t>(index) * lane_bytes);
+        return request;
+      },
+      failed);
   CHECK(failed == 0);
   const dma::Metrics m = service.metrics();
   CHECK(m.segmented >= static_cast<std::uint64_t>(warm_up + window));
   CHECK(m.posted >= 2 * m.segmented);
-  INFO("allocations in " << window << " transfers: " << after - before);
-  CHECK(after - before == 0);
+  INFO("allocations in " << window << " transfers: " << allocated);
+  CHECK(allocated == 0);
 }
 
 TEST_CASE("steady-state striped transfers allocate nothing", "[alloc]") {
@@ -235,30 +230,20 @@ TEST_CASE("steady-state striped transfers allocate nothing", "[alloc]") {
   };
   dma::asynchronous::FabricService<Both> service(io, c);
   std::vector<std::byte> local(lane_bytes * depth, std::byte{4});
-  int done = 0, failed = 0;
-  std::uint64_t before = 0, after = 0;
-  auto lane = [&](int index) -> asio::awaitable<void> {
-    const auto offset = static_cast<std::size_t>(index) * lane_bytes;
-    auto request = remote.request(direction, Both{std::span(local).subspan(offset, lane_bytes)}, lane_bytes, offset);
-    while (done < warm_up + window) {
-      auto [context, outcome] = co_await service.submit(request);
-      if (!outcome) ++failed;
-      if (++done == warm_up) before = allocations.load();
-      if (done == warm_up + window) after = allocations.load();
-    }
-  };
-  for (int i = 0; i < depth; ++i)
-    asio::co_spawn(io, lane(i), asio::detached);
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (done < warm_up + window + depth - 1 && std::chrono::steady_clock::now() < deadline) {
-    io.restart();
-    io.run_for(std::chrono::milliseconds(50));
-  }
-  REQUIRE(done >= warm_up + window);
+  int failed = 0;
+  const std::uint64_t allocated = allocations_over_window(
+      io, service,
+      [&](int index) {
+        const auto offset = static_cast<std::size_t>(index) * lane_bytes;
+        auto request =
+            remote.request(direction, Both{std::span(local).subspan(offset, lane_bytes)}, lane_bytes, offset);
+        return request;
+      },
+      failed);
   CHECK(failed == 0);
   CHECK(service.metrics().completed >= 2 * static_cast<std::uint64_t>(warm_up + window));  // two parts each
-  INFO("allocations in " << window << " transfers: " << after - before);
-  CHECK(after - before == 0);
+  INFO("allocations in " << window << " transfers: " << allocated);
+  CHECK(allocated == 0);
 }
 
 // The per-transfer parts of segmented and gathered transfers and of write notifications: a

@@ -5,6 +5,8 @@
 
 #include <dma/dma.hpp>
 
+#include <asio/bind_cancellation_slot.hpp>
+#include <asio/cancellation_signal.hpp>
 #include <asio/co_spawn.hpp>
 #include <asio/io_context.hpp>
 #include <asio/use_future.hpp>
@@ -103,6 +105,38 @@ bool run_until(asio::io_context& io, std::future<T>& future,
     io.run_for(std::chrono::milliseconds(10));
   }
   return true;
+}
+
+/// Runs io for `period`, in short slices: time for anything that must not come to arrive.
+inline void run_for(asio::io_context& io, std::chrono::milliseconds period) {
+  const auto until = std::chrono::steady_clock::now() + period;
+  while (std::chrono::steady_clock::now() < until) {
+    io.restart();
+    io.run_for(std::chrono::milliseconds(10));
+  }
+}
+
+/// Freezes remote, submits request, gives it 50 ms to be posted, cancels it through its handler's
+/// slot, then resumes remote and waits 200 ms more: the completion, and how often its handler ran.
+template <typename Service, typename Context>
+std::pair<dma::Completion<Context>, int> cancel_while_frozen(asio::io_context& io, Service& service,
+                                                             RemoteBuffer& remote,
+                                                             dma::TransferRequest<Context> request) {
+  remote.pause();
+  asio::cancellation_signal signal;
+  std::promise<dma::Completion<Context>> promise;
+  auto future = promise.get_future();
+  int calls = 0;
+  service.submit(std::move(request), asio::bind_cancellation_slot(signal.slot(), [&](dma::Completion<Context> c) {
+                   if (++calls == 1) promise.set_value(std::move(c));
+                 }));
+  run_for(io, std::chrono::milliseconds(50));
+  signal.emit(asio::cancellation_type::terminal);
+  REQUIRE(run_until(io, future));
+  auto completion = future.get();
+  remote.resume();
+  run_for(io, std::chrono::milliseconds(200));
+  return {std::move(completion), calls};
 }
 
 inline std::vector<std::byte> pattern(std::size_t size, unsigned seed) {

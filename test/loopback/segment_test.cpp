@@ -147,11 +147,7 @@ TEST_CASE("a failing middle segment fails the transfer once, after all its segme
   CHECK(in_flight == 0);  // every post of it was back before its completion ran
 
   // Nothing else arrives for it, and the service goes on.
-  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(300);
-  while (std::chrono::steady_clock::now() < until) {
-    io.restart();
-    io.run_for(std::chrono::milliseconds(10));
-  }
+  test::run_for(io, std::chrono::milliseconds(300));
   CHECK(calls == 1);
   CHECK(service.outstanding() == 0);
   const dma::Metrics m = service.metrics();
@@ -332,11 +328,7 @@ TEST_CASE("a segmented write to a frozen peer fails once at its deadline", "[loo
   CHECK(std::chrono::steady_clock::now() - start >= std::chrono::milliseconds(250));
   CHECK(in_flight == 0);
   remote.resume();
-  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
-  while (std::chrono::steady_clock::now() < until) {
-    io.restart();
-    io.run_for(std::chrono::milliseconds(10));
-  }
+  test::run_for(io, std::chrono::milliseconds(200));
   CHECK(calls == 1);
   CHECK(service.outstanding() == 0);
 }
@@ -346,25 +338,9 @@ TEST_CASE("a segmented transfer can be cancelled, queued or posted", "[loopback]
   asio::io_context io;
   dma::asynchronous::FabricService<test::Payload> service(io, with_segments(mib));
   REQUIRE(await_one(io, service, remote.request(Direction::ToPeer, test::Payload{test::pattern(64, 1)})).outcome.ok());
-  remote.pause();
-  asio::cancellation_signal signal;
-  std::promise<dma::Completion<test::Payload>> promise;
-  auto future = promise.get_future();
-  int calls = 0;
-  service.submit(remote.request(Direction::ToPeer, test::Payload{test::pattern(16 * mib, 3)}),
-                 asio::bind_cancellation_slot(signal.slot(), [&](dma::Completion<test::Payload> c) {
-                   ++calls;
-                   promise.set_value(std::move(c));
-                 }));
-  for (int i = 0; i < 10; ++i) {
-    io.restart();
-    io.run_for(std::chrono::milliseconds(5));
-  }
-  signal.emit(asio::cancellation_type::terminal);
-  REQUIRE(test::run_until(io, future));
-  const auto c = future.get();
-  CHECK(c.outcome.error() == asio::error::operation_aborted);
-  remote.resume();
+  const auto [cancelled, calls] = test::cancel_while_frozen(
+      io, service, remote, remote.request(Direction::ToPeer, test::Payload{test::pattern(16 * mib, 3)}));
+  CHECK(cancelled.outcome.error() == asio::error::operation_aborted);
   CHECK(calls == 1);
   CHECK(service.outstanding() == 0);
 }

@@ -141,29 +141,9 @@ TEST_CASE("a striped transfer to a frozen peer can be cancelled and completes on
   Service service(io, with_endpoints(2, mib));
   auto warmed = service.add_peer(1, remote.advertisement(), asio::use_future);
   REQUIRE(test::run_until(io, warmed));
-  remote.pause();
-  asio::cancellation_signal signal;
-  std::promise<dma::Completion<test::Payload>> promise;
-  auto future = promise.get_future();
-  int calls = 0;
-  service.submit(remote.request(Direction::ToPeer, test::Payload{test::pattern(16 * mib, 2)}),
-                 asio::bind_cancellation_slot(signal.slot(), [&](dma::Completion<test::Payload> c) {
-                   ++calls;
-                   promise.set_value(std::move(c));
-                 }));
-  for (int i = 0; i < 10; ++i) {
-    io.restart();
-    io.run_for(std::chrono::milliseconds(5));
-  }
-  signal.emit(asio::cancellation_type::terminal);
-  REQUIRE(test::run_until(io, future));
-  CHECK(future.get().outcome.error() == asio::error::operation_aborted);
-  remote.resume();
-  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
-  while (std::chrono::steady_clock::now() < until) {
-    io.restart();
-    io.run_for(std::chrono::milliseconds(10));
-  }
+  const auto [cancelled, calls] = test::cancel_while_frozen(
+      io, service, remote, remote.request(Direction::ToPeer, test::Payload{test::pattern(16 * mib, 2)}));
+  CHECK(cancelled.outcome.error() == asio::error::operation_aborted);
   CHECK(calls == 1);
   CHECK(service.outstanding() == 0);
 }

@@ -45,7 +45,8 @@
 namespace dma::detail {
 namespace {
 
-// The drain running on this thread, if any: what drain_position() reports. A drain may run inside
+// The drain running on this thread, if any: what drain_position() reports, and how submit() knows
+// a handler of this engine's own drain is resubmitting. A drain may run inside
 // another one's handler (a strand dispatched inline), so each restores the one it found.
 thread_local const DrainPlace* current_drain = nullptr;
 
@@ -115,7 +116,7 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
   // ---- any thread ----------------------------------------------------------------------------
   void submit(Operation* op) override {
     ledger_.submitted();
-    if (strand_.running_in_this_thread() && reaping_) {
+    if (current_drain == &place_) {  // this engine's reaper, on this thread: a handler resubmitting
       intake_.push_joined(op);
       joined_pass_.add();
       return;
@@ -361,7 +362,6 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
   // Drains the CQs, then accepts what the completion handlers resubmitted inline, so the caller's
   // post_pending() sends it in the same pass. Returns how many operations it finished.
   std::size_t reap() {
-    reaping_ = true;
     const DrainPlace* outer = std::exchange(current_drain, &place_);
     std::size_t finished = drain_cqs();
     // A replaced endpoint holds only doomed transfers now: close it, and complete what it hands
@@ -374,7 +374,6 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
       }
     }
     current_drain = outer;
-    reaping_ = false;
     if (finished != 0) absorb_intake();
     return finished;
   }
@@ -508,9 +507,8 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
   LatencyRecorder latency_;
   std::chrono::nanoseconds stall_retry_ = std::chrono::milliseconds(1);
   DrainPlace place_ = DrainPlace::last;  ///< of the completion being delivered, inside a drain
-  bool reaping_ = false;
-  bool drain_stamped_ = false;  ///< accept_clock_ was read in the current drain
-  bool reclaim_due_ = false;    ///< a replaced endpoint holds only doomed transfers now
+  bool drain_stamped_ = false;           ///< accept_clock_ was read in the current drain
+  bool reclaim_due_ = false;             ///< a replaced endpoint holds only doomed transfers now
   Counter joined_pass_, context_less_errors_, queue_errors_, segmented_;
 };
 

@@ -51,10 +51,13 @@ class Ledger {
   /// inserted, failed (accepted first) while its peer backs off.
   void admit(Operation* op, Clock::time_point now, Poster& poster) {
     if (op->request.peer_address.oversized()) return refuse(op, errc::address_length);
-    if (std::error_code ec = op->functions->resolve(*op)) return refuse(op, ec);
-    std::error_code ec;
-    Peer* peer = peers_->acquire(op->request.client_id, op->request.peer_address, ec);
-    if (peer == nullptr) return refuse(op, ec);
+    if (const errc refused = op->functions->resolve(*op); refused != errc{}) return refuse(op, refused);
+    Peer* peer = peers_->acquire_cached(op->request.client_id, op->request.peer_address);
+    if (peer == nullptr) {
+      std::error_code ec;
+      peer = peers_->acquire(op->request.client_id, op->request.peer_address, ec);
+      if (peer == nullptr) return refuse(op, ec);
+    }
     op->peer = peer;
     accept(op, now);
     if (peer->flow.backing_off(now)) {

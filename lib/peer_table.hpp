@@ -71,6 +71,12 @@ class PeerTable {
   /// insert() for one transfer: binds the client as insert() does and counts the transfer on the
   /// entry, which then outlives every release until settle(). Null on error. The hot path, a
   /// client posting to the peer of the last acquire or insert, is one comparison of the bytes.
+  /// acquire() when the table's last hit is the answer; null otherwise (then call acquire()).
+  Peer* acquire_cached(std::uint64_t client_id, std::span<const std::uint8_t> address) noexcept {
+    Entry* entry = cached(client_id, address);
+    if (entry != nullptr) ++entry->transfers;
+    return entry;
+  }
   Peer* acquire(std::uint64_t client_id, std::span<const std::uint8_t> address, std::error_code& ec) {
     Entry* entry = cached(client_id, address);
     if (entry == nullptr) entry = acquire_slow(client_id, address, ec);

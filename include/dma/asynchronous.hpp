@@ -42,6 +42,17 @@
 namespace dma {
 namespace detail {
 
+/// An rvalue as itself, an lvalue as a copy: what an initiation taking `auto&&` hands on to code
+/// that moves from its argument.
+template <typename T>
+decltype(auto) owned(T&& value) {
+  if constexpr (std::is_lvalue_reference_v<T>) {
+    return std::decay_t<T>(value);
+  } else {
+    return std::move(value);
+  }
+}
+
 /// One submitted transfer with its caller's context and completion handler.
 template <typename Context, typename Handler, typename IoExecutor>
 struct TransferOp final : Operation {
@@ -55,8 +66,8 @@ struct TransferOp final : Operation {
   // outstanding the engine always has a handler pending on a strand of that executor (the intake,
   // a poll, an armed wait or the backstop), which keeps its run() from returning, and an idle
   // engine holds nothing. Other executors get the guard asio's rules ask for.
-  TransferOp(Handler&& handler_in, const IoExecutor& io_executor) : handler(std::move(handler_in)) {
-    functions = &table;
+  TransferOp(Handler&& handler_in, TransferRequest<Context>&& request, const IoExecutor& io_executor)
+      : Operation(&table, request), caller_context(std::move(request.caller_context)), handler(std::move(handler_in)) {
     auto executor = asio::get_associated_executor(handler, io_executor);
     direct = same_executor(executor, io_executor);
     if (!direct) work.emplace(asio::prefer(executor, asio::execution::outstanding_work.tracked));
@@ -74,13 +85,11 @@ struct TransferOp final : Operation {
     Allocator allocator(asio::get_associated_allocator(handler, PoolAllocator<void>()));
     TransferOp* op = std::allocator_traits<Allocator>::allocate(allocator, 1);
     try {
-      std::allocator_traits<Allocator>::construct(allocator, op, std::move(handler), io_executor);
+      std::allocator_traits<Allocator>::construct(allocator, op, std::move(handler), std::move(request), io_executor);
     } catch (...) {
       std::allocator_traits<Allocator>::deallocate(allocator, op, 1);
       throw;
     }
-    op->request = static_cast<const TransferFields&>(request);
-    op->caller_context = std::move(request.caller_context);
     return op;
   }
 
@@ -90,17 +99,19 @@ struct TransferOp final : Operation {
     std::allocator_traits<Allocator>::deallocate(allocator, op, 1);
   }
 
-  static std::error_code resolve(Operation& base) {
+  static errc resolve(Operation& base) {
     auto& op = static_cast<TransferOp&>(base);
-    const std::error_code ec = resolve_operand(op);
+    const errc ec = resolve_operand(op);
     // The callback layer hashes on its Pool from the operand it saw; a list's CRC is the engine's.
     if constexpr (requires { op.caller_context.checksum_lists; }) {
-      if (!ec && op.caller_context.checksum_lists && (op.lists & local_list) != 0) op.request.want_checksum = true;
+      if (ec == errc{} && op.caller_context.checksum_lists && (op.lists & local_list) != 0)
+        op.request.want_checksum = true;
     }
     return ec;
   }
 
-  static std::error_code resolve_operand(TransferOp& op) {
+  // errc{} when the operand is usable: no std::error_code is built on the success path.
+  static errc resolve_operand(TransferOp& op) {
     if constexpr (requires { Operands<Context>::remote_segments(op.caller_context); }) {
       if (Operands<Context>::remote_segments(op.caller_context)) op.lists |= remote_list;
     }
@@ -114,14 +125,14 @@ struct TransferOp final : Operation {
           }
           op.lists |= local_list;
           op.length = total;
-          return {};
+          return errc{};
         }
       }
       auto source = Operands<Context>::source(op.caller_context);
       if (!source) return errc::no_source;
       op.buffer = const_cast<std::byte*>(source->data());  // the provider only reads a write's source
       op.length = source->size();
-      return {};
+      return errc{};
     }
     op.length = op.request.length;
     if constexpr (requires { Operands<Context>::landing(op.caller_context); }) {
@@ -133,14 +144,14 @@ struct TransferOp final : Operation {
         }
         if (total < op.length) return errc::landing_buffer_too_small;
         op.lists |= local_list;
-        return {};
+        return errc{};
       }
     }
     auto landing = Operands<Context>::allocate(op.caller_context, op.length);
     if (!landing) return errc::no_landing_buffer;
     if (landing->size() < op.length) return errc::landing_buffer_too_small;
     op.buffer = landing->data();
-    return {};
+    return errc{};
   }
 
   static std::optional<CacheableSpan> cacheable_span(const Operation& base) {
@@ -363,7 +374,12 @@ class FabricService {
   template <typename CompletionToken = asio::use_awaitable_t<>>
   auto submit(TransferRequest<Context> request, CompletionToken&& token = CompletionToken()) {
     return asio::async_initiate<CompletionToken, completion_signature>(
-        [this](auto handler, TransferRequest<Context> req) { this->initiate(std::move(handler), std::move(req)); },
+        [this](auto&& handler, auto&& req) {
+          // By reference: the token's own frame already holds both, so they move once, into the
+          // operation.
+          this->initiate(detail::owned(std::forward<decltype(handler)>(handler)),
+                         detail::owned(std::forward<decltype(req)>(req)));
+        },
         token, std::move(request));
   }
 

@@ -56,12 +56,12 @@ class PeerAddress {
  private:
   void assign(std::span<const std::uint8_t> bytes) noexcept {
     oversized_ = bytes.size() > capacity;
-    size_ = oversized_ ? 0 : bytes.size();
+    size_ = static_cast<std::uint8_t>(oversized_ ? 0 : bytes.size());
     std::copy_n(bytes.begin(), size_, bytes_.begin());
   }
 
   std::array<std::uint8_t, capacity> bytes_{};
-  std::size_t size_ = 0;
+  std::uint8_t size_ = 0;  // 1-byte fields: a TransferFields packs its own small ones behind them
   bool oversized_ = false;
 };
 

@@ -20,14 +20,14 @@
 namespace dma {
 
 /// Which way the bytes go.
-enum class Direction {
+enum class Direction : std::uint8_t {
   ToPeer,    ///< fi_writemsg: local bytes from Operands::source() into the peer's buffer
   FromPeer,  ///< fi_read: `length` bytes of the peer's buffer into Operands::allocate(length)
 };
 
 /// When a write counts as complete (TransferFields::completion). Reads always complete once the
 /// bytes are in the local buffer.
-enum class CompletionLevel {
+enum class CompletionLevel : std::uint8_t {
   /// The peer has the bytes (FI_DELIVERY_COMPLETE): a bad key, a range outside the peer's region
   /// or missing access rights fails this write.
   delivery,
@@ -130,14 +130,18 @@ struct RemoteSegment {
 /// what the caller wants back. The library carries it as one piece from the request to the
 /// transfer it becomes.
 struct TransferFields {
+  // In this order so that the 1-byte fields pack behind the address: a request is copied into
+  // its operation, and every 16 bytes less is a load and a store less.
   std::uint64_t client_id = 0;              ///< stable per client; never reused
   PeerAddress peer_address;                 ///< the advertised raw fabric address
-  std::uint64_t remote_key = 0;             ///< the advertised rkey of the peer's registration
-  std::uint64_t remote_address = 0;         ///< VA on FI_MR_VIRT_ADDR providers, offset on tcp
   Direction direction = Direction::ToPeer;  ///< write into the peer (default) or read from it
-  std::size_t length = 0;                   ///< FromPeer: bytes to read (ToPeer: the source's size)
   bool want_checksum = false;               ///< CRC-32C of the local operand in TransferDone
-  std::optional<std::uint64_t> parent_id;   ///< tracing parent; unused by the library itself
+  /// ToPeer only: when the write counts as complete; see CompletionLevel.
+  CompletionLevel completion = CompletionLevel::delivery;
+  std::uint64_t remote_key = 0;            ///< the advertised rkey of the peer's registration
+  std::uint64_t remote_address = 0;        ///< VA on FI_MR_VIRT_ADDR providers, offset on tcp
+  std::size_t length = 0;                  ///< FromPeer: bytes to read (ToPeer: the source's size)
+  std::optional<std::uint64_t> parent_id;  ///< tracing parent; unused by the library itself
   /// From acceptance to completion; none means Configuration::transfer_deadline, dma::no_deadline
   /// none at all. Past it the transfer fails with errc::timed_out.
   std::optional<std::chrono::nanoseconds> deadline;
@@ -146,8 +150,6 @@ struct TransferFields {
   /// errc::immediate_data_on_read; a value wider than the provider's cq_data_size fails with
   /// errc::immediate_data_too_wide (tcp carries all 64 bits).
   std::optional<std::uint64_t> immediate_data;
-  /// ToPeer only: when the write counts as complete; see CompletionLevel.
-  CompletionLevel completion = CompletionLevel::delivery;
 };
 
 /// One transfer: its TransferFields and the caller's context. The context owns (or refers to) the

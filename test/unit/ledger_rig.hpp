@@ -42,7 +42,7 @@ struct Record {
 };
 
 inline const dma::detail::OperationFunctions recording_functions{
-    [](Operation&) { return std::error_code{}; },
+    [](Operation&) { return dma::errc{}; },
     [](Operation* op, dma::Outcome&& outcome) {
       Record::get().finished.push_back({op, outcome.error(), outcome.message()});
     },

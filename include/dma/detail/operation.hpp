@@ -4,6 +4,7 @@
 #pragma once
 
 #include <dma/detail/fid.hpp>
+#include <dma/error.hpp>
 #include <dma/transfer.hpp>
 
 #include <rdma/fabric.h>
@@ -46,8 +47,9 @@ enum OperandLists : std::uint8_t {
 enum class Doom : std::uint8_t { none, deadline, cancelled, shutdown };
 
 struct OperationFunctions {
-  /// Resolves the local operand from the caller's context (on the engine's strand).
-  std::error_code (*resolve)(Operation& op);
+  /// Resolves the local operand from the caller's context (on the engine's strand); errc{} when
+  /// it is usable.
+  dma::errc (*resolve)(Operation& op);
   /// Frees the operation, then hands the Completion to the handler's executor.
   void (*complete)(Operation* op, Outcome&& outcome);
   /// Frees the operation without invoking anything (the execution context is going away).
@@ -63,6 +65,10 @@ struct OperationFunctions {
 };
 
 struct Operation {
+  Operation() noexcept = default;
+  Operation(const OperationFunctions* table, const TransferFields& fields) noexcept
+      : functions(table), request(fields) {}
+
   /// Must stay the first member: the pointer libfabric hands back in a CQ entry is the
   /// operation itself.
   PostContext head;

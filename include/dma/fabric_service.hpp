@@ -12,7 +12,6 @@
 #include <asio/executor_work_guard.hpp>
 #include <asio/io_context.hpp>
 #include <asio/post.hpp>
-#include <asio/use_future.hpp>
 
 #include <pthread.h>
 
@@ -21,11 +20,14 @@
 #include <condition_variable>
 #include <cstdio>
 #include <functional>
+#include <future>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <span>
+#include <system_error>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace dma {
@@ -156,31 +158,27 @@ class FabricService {
   /// Inserts a peer's address ahead of its first transfer (blocks for the round trip to the
   /// fabric thread). Throws std::system_error on an unusable address.
   void add_peer(std::uint64_t client_id, std::span<const std::uint8_t> address) {
-    inner_.add_peer(client_id, std::vector<std::uint8_t>(address.begin(), address.end()), asio::use_future).get();
+    std::error_code ec;
+    add_peer(client_id, address, ec);
+    if (ec) throw std::system_error(ec);
   }
   /// As add_peer() above; sets ec instead of throwing.
   void add_peer(std::uint64_t client_id, std::span<const std::uint8_t> address, std::error_code& ec) {
-    try {
-      add_peer(client_id, address);
-      ec.clear();
-    } catch (const std::system_error& error) {
-      ec = error.code();
-    }
+    ec = wait_for<std::error_code>([&](auto done) {
+      inner_.add_peer(client_id, std::vector<std::uint8_t>(address.begin(), address.end()), std::move(done));
+    });
   }
   /// Inserts the advertised peer's address and brings its connection up (a 0-byte write to the
   /// advertised region, as asynchronous::FabricService::add_peer(client_id, peer, token) says),
   /// blocking until it has. Throws std::system_error with the warm-up's error.
   void add_peer(std::uint64_t client_id, const Advertisement& peer) {
-    inner_.add_peer(client_id, peer, asio::use_future).get();
+    std::error_code ec;
+    add_peer(client_id, peer, ec);
+    if (ec) throw std::system_error(ec);
   }
   /// As add_peer(client_id, peer) above; sets ec instead of throwing.
   void add_peer(std::uint64_t client_id, const Advertisement& peer, std::error_code& ec) {
-    try {
-      add_peer(client_id, peer);
-      ec.clear();
-    } catch (const std::system_error& error) {
-      ec = error.code();
-    }
+    ec = wait_for<std::error_code>([&](auto done) { inner_.add_peer(client_id, peer, std::move(done)); });
   }
   /// Releases client_id's peer once every transfer it submitted before this call has finished.
   void remove_peer(std::uint64_t client_id) { inner_.remove_peer(client_id); }
@@ -190,19 +188,22 @@ class FabricService {
   /// std::system_error: errc::zero_length_region, errc::region_range_overflows, fi_mr_reg's errors.
   template <typename S>
   MemoryRegion<S> register_region(S storage) {
-    auto future = inner_.register_region(std::move(storage), asio::use_future);
-    return future.get();
+    std::error_code ec;
+    MemoryRegion<S> region = register_region(std::move(storage), ec);
+    if (ec) throw std::system_error(ec);
+    return region;
   }
   /// As register_region() above; sets ec and returns an empty region instead of throwing.
   template <typename S>
   MemoryRegion<S> register_region(S storage, std::error_code& ec) {
-    try {
-      ec.clear();
-      return register_region(std::move(storage));
-    } catch (const std::system_error& error) {
-      ec = error.code();
-      return {};
-    }
+    auto [error, region] = wait_for<std::pair<std::error_code, MemoryRegion<S>>>([&](auto done) {
+      inner_.register_region(std::move(storage),
+                             [done = std::move(done)](std::error_code e, MemoryRegion<S> r) mutable {
+                               done(std::pair<std::error_code, MemoryRegion<S>>(e, std::move(r)));
+                             });
+    });
+    ec = error;
+    return error ? MemoryRegion<S>() : std::move(region);
   }
 
   /// Transfers submitted and not yet handed to the completer.
@@ -222,6 +223,17 @@ class FabricService {
   }
 
  private:
+  // Starts an operation of the inner service with a completion handler taking one T and blocks
+  // until it has run. The result crosses threads as a value; errors are thrown on this thread, so
+  // no exception object is shared with the fabric thread.
+  template <typename T, typename Start>
+  static T wait_for(Start&& start) {
+    auto promise = std::make_shared<std::promise<T>>();
+    std::future<T> result = promise->get_future();
+    std::forward<Start>(start)([promise](T value) mutable { promise->set_value(std::move(value)); });
+    return result.get();
+  }
+
   struct Pending {
     Completion<Context> completion;
     std::span<const std::byte> operand;

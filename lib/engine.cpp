@@ -45,9 +45,9 @@
 namespace dma::detail {
 namespace {
 
-// The drain running on this thread, if any: what drain_position() reports, and how submit() knows
-// a handler of this engine's own drain is resubmitting. A drain may run inside
-// another one's handler (a strand dispatched inline), so each restores the one it found.
+// The drain running on this thread, if any: what drain_position() reports, and how submit() tells
+// a resubmission from a handler of this engine's own drain. A drain may run inside another one's
+// handler (a strand dispatched inline), so each restores the one it found.
 thread_local const DrainPlace* current_drain = nullptr;
 
 std::error_code check(const Configuration& c, std::string& what) {

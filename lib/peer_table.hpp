@@ -68,18 +68,18 @@ class PeerTable {
   /// with the same identity but different bytes is a recycled queue pair, and every client
   /// holding the stale incarnation is evicted before the new one is inserted.
   fi_addr_t insert(std::uint64_t client_id, std::span<const std::uint8_t> address, std::error_code& ec);
-  /// insert() for one transfer: binds the client as insert() does and counts the transfer on the
-  /// entry, which then outlives every release until settle(). Null on error. The hot path, a
-  /// client posting to the peer of the last acquire or insert, is one comparison of the bytes.
-  /// acquire() when the table's last hit is the answer; null otherwise (then call acquire()).
+  /// acquire() when the table's last hit is the answer (the hot path: a client posting to the
+  /// peer of the last acquire or insert, one comparison of the bytes); null otherwise.
   Peer* acquire_cached(std::uint64_t client_id, std::span<const std::uint8_t> address) noexcept {
     Entry* entry = cached(client_id, address);
     if (entry != nullptr) ++entry->transfers;
     return entry;
   }
+  /// insert() for one transfer: binds the client as insert() does and counts the transfer on the
+  /// entry, which then outlives every release until settle(). Null on error.
   Peer* acquire(std::uint64_t client_id, std::span<const std::uint8_t> address, std::error_code& ec) {
-    Entry* entry = cached(client_id, address);
-    if (entry == nullptr) entry = acquire_slow(client_id, address, ec);
+    if (Peer* peer = acquire_cached(client_id, address)) return peer;
+    Entry* entry = acquire_slow(client_id, address, ec);
     if (entry != nullptr) ++entry->transfers;
     return entry;
   }

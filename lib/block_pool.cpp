@@ -12,6 +12,7 @@ constexpr std::size_t classes = 16;               // blocks up to 1 KiB
 constexpr std::size_t max_free_per_class = 4096;  // bounds what an idle burst leaves behind
 constexpr std::size_t cache_limit = 64;           // per thread and class, in front of the shared lists
 constexpr std::size_t refill = 16;                // blocks a thread takes from the shared list at once
+constexpr std::size_t growth = 16;                // blocks allocated beyond the one asked for, when there are none
 
 struct FreeBlock {
   FreeBlock* next;
@@ -117,7 +118,20 @@ void* pool_allocate(std::size_t bytes) {
       return block;
     }
   }
-  return ::operator new((c + 1) * granule);
+  // The pool is at a new high-water mark: take a few blocks more than asked for, so that the
+  // jitter of a steady load (one more poll or completion in flight now and then) finds a block
+  // instead of going to the system again.
+  void* block = ::operator new((c + 1) * granule);
+  if (!local.retired) {
+    for (std::size_t n = 0; n < growth && local.count[c] < cache_limit; ++n) {
+      void* more = ::operator new((c + 1) * granule, std::nothrow);
+      if (more == nullptr) break;  // the one asked for is there; the rest can wait
+      local.free[c] = new (more) FreeBlock{local.free[c]};
+      ++local.count[c];
+    }
+    arm(local);
+  }
+  return block;
 }
 
 void pool_deallocate(void* block, std::size_t bytes) noexcept {

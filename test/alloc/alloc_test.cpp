@@ -1,11 +1,14 @@
 // Steady-state transfers allocate nothing: global operator new is counted around a window of
 // transfers after warm-up, for use_awaitable and for the callback service.
+#include <execinfo.h>
 #include <array>
 #include <asio/co_spawn.hpp>
 #include <asio/detached.hpp>
 #include <atomic>
 #include <cstdlib>
 #include <new>
+#include <sstream>
+#include <string>
 
 #include "../loopback/fixture.hpp"
 #include "notification_queue.hpp"
@@ -14,7 +17,48 @@
 
 namespace {
 std::atomic<std::uint64_t> allocations{0};
-}
+
+// While a window is open, the first few allocations keep their call stacks, so a failing check
+// says where they came from (addresses; `addr2line -Cfpe` turns them into lines).
+struct Origins {
+  static constexpr int kept = 4;
+  static constexpr int frames = 24;
+  std::atomic<bool> open{false};
+  std::atomic<int> taken{0};
+  std::array<std::array<void*, frames>, kept> stacks{};
+  std::array<int, kept> depths{};
+
+  void start() {
+    taken = 0;
+    open = true;
+  }
+  void stop() { open = false; }
+  void record() {
+    if (!open.load(std::memory_order_relaxed)) return;
+    const int slot = taken.fetch_add(1, std::memory_order_relaxed);
+    if (slot < kept)
+      depths[static_cast<std::size_t>(slot)] = backtrace(stacks[static_cast<std::size_t>(slot)].data(), frames);
+  }
+  std::string describe() const {
+    std::ostringstream out;
+    for (int i = 0; i < std::min(taken.load(), kept); ++i) {
+      out << "allocation " << i + 1 << ":";
+      char** names = backtrace_symbols(stacks[static_cast<std::size_t>(i)].data(), depths[static_cast<std::size_t>(i)]);
+      for (int f = 0; f < depths[static_cast<std::size_t>(i)]; ++f)
+        out << "\n  " << (names != nullptr ? names[f] : "?");
+      std::free(names);
+      out << "\n";
+    }
+    return out.str();
+  }
+} origins;
+
+// backtrace() loads libgcc's unwinder on its first call, which allocates: done before any window.
+[[maybe_unused]] const int unwinder_loaded = [] {
+  void* frame[1];
+  return backtrace(frame, 1);
+}();
+}  // namespace
 
 // This file replaces both operator new and operator delete (over malloc/free); g++ cannot see that
 // they match when it inlines a library's `delete`.
@@ -24,6 +68,7 @@ std::atomic<std::uint64_t> allocations{0};
 
 void* operator new(std::size_t size) {
   allocations.fetch_add(1, std::memory_order_relaxed);
+  origins.record();
   if (void* p = std::malloc(size == 0 ? 1 : size)) return p;
   throw std::bad_alloc();
 }
@@ -60,8 +105,14 @@ std::uint64_t allocations_over_window(asio::io_context& io, dma::asynchronous::F
     while (done < warm_up + window) {
       auto [context, outcome] = co_await service.submit(request);
       if (!outcome) ++failed;
-      if (++done == warm_up) before = allocations.load();
-      if (done == warm_up + window) after = allocations.load();
+      if (++done == warm_up) {
+        before = allocations.load();
+        origins.start();
+      }
+      if (done == warm_up + window) {
+        after = allocations.load();
+        origins.stop();
+      }
     }
   };
   for (int i = 0; i < depth; ++i)
@@ -94,7 +145,7 @@ TEST_CASE("steady-state awaitable transfers allocate nothing", "[alloc]") {
       },
       failed);
   CHECK(failed == 0);
-  INFO("allocations in " << window << " transfers: " << allocated);
+  INFO("allocations in " << window << " transfers: " << allocated << "\n" << origins.describe());
   CHECK(allocated == 0);
 }
 
@@ -119,7 +170,7 @@ TEST_CASE("steady-state writes with immediate data allocate nothing, the target'
       failed);
   CHECK(failed == 0);
   CHECK(heard.load() > 0);
-  INFO("allocations in " << window << " transfers: " << allocated);
+  INFO("allocations in " << window << " transfers: " << allocated << "\n" << origins.describe());
   CHECK(allocated == 0);
 }
 
@@ -139,8 +190,14 @@ TEST_CASE("steady-state callback transfers allocate nothing", "[alloc]") {
       [&](std::span<dma::Completion<Slice>> batch) {
         for (auto& completion : batch) {
           const int n = ++done;
-          if (n == warm_up) before = allocations.load();
-          if (n == warm_up + window) after = allocations.load();
+          if (n == warm_up) {
+            before = allocations.load();
+            origins.start();
+          }
+          if (n == warm_up + window) {
+            after = allocations.load();
+            origins.stop();
+          }
           if (n <= warm_up + window) {
             const int lane = static_cast<int>((completion.caller_context.bytes.data() - local.data()) / 64);
             (void)service->submit(request_for(lane));
@@ -155,7 +212,7 @@ TEST_CASE("steady-state callback transfers allocate nothing", "[alloc]") {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   REQUIRE(done >= warm_up + window);
-  INFO("allocations in " << window << " transfers: " << after - before);
+  INFO("allocations in " << window << " transfers: " << after - before << "\n" << origins.describe());
   CHECK(after - before == 0);
   service.reset();
 }
@@ -210,7 +267,7 @@ TEST_CASE("steady-state segmented and gathered transfers allocate nothing", "[al
   const dma::Metrics m = service.metrics();
   CHECK(m.segmented >= static_cast<std::uint64_t>(warm_up + window));
   CHECK(m.posted >= 2 * m.segmented);
-  INFO("allocations in " << window << " transfers: " << allocated);
+  INFO("allocations in " << window << " transfers: " << allocated << "\n" << origins.describe());
   CHECK(allocated == 0);
 }
 
@@ -242,7 +299,7 @@ TEST_CASE("steady-state striped transfers allocate nothing", "[alloc]") {
       failed);
   CHECK(failed == 0);
   CHECK(service.metrics().completed >= 2 * static_cast<std::uint64_t>(warm_up + window));  // two parts each
-  INFO("allocations in " << window << " transfers: " << allocated);
+  INFO("allocations in " << window << " transfers: " << allocated << "\n" << origins.describe());
   CHECK(allocated == 0);
 }
 

@@ -372,15 +372,13 @@ class FabricService {
   /// completes with operation_aborted, typically within milliseconds, or with its real outcome if
   /// the provider returned it first. A cancelled write may still have landed.
   template <typename CompletionToken = asio::use_awaitable_t<>>
-  auto submit(TransferRequest<Context> request, CompletionToken&& token = CompletionToken()) {
-    return asio::async_initiate<CompletionToken, completion_signature>(
-        [this](auto&& handler, auto&& req) {
-          // By reference: the token's own frame already holds both, so they move once, into the
-          // operation.
-          this->initiate(detail::owned(std::forward<decltype(handler)>(handler)),
-                         detail::owned(std::forward<decltype(req)>(req)));
-        },
-        token, std::move(request));
+  auto submit(TransferRequest<Context>&& request, CompletionToken&& token = CompletionToken()) {
+    return start_submit(std::move(request), token);
+  }
+  /// As above, with a copy of request.
+  template <typename CompletionToken = asio::use_awaitable_t<>>
+  auto submit(const TransferRequest<Context>& request, CompletionToken&& token = CompletionToken()) {
+    return start_submit(request, token);
   }
 
   /// Inserts a peer's address for client_id ahead of its first transfer, so an unusable address
@@ -626,6 +624,19 @@ class FabricService {
         std::move(handler)(pinned, std::move(region));
       });
     });
+  }
+
+  // The request goes to the token by reference: a token that defers the initiation (a coroutine
+  // frame, asio::deferred) keeps the one copy it needs, and the initiation moves it once more,
+  // into the operation.
+  template <typename Request, typename CompletionToken>
+  auto start_submit(Request&& request, CompletionToken& token) {
+    return asio::async_initiate<CompletionToken, completion_signature>(
+        [this](auto&& handler, auto&& req) {
+          this->initiate(detail::owned(std::forward<decltype(handler)>(handler)),
+                         detail::owned(std::forward<decltype(req)>(req)));
+        },
+        token, std::forward<Request>(request));
   }
 
   /// Submits request, a caller's transfer (C = Context) or the library's own (add_peer()'s warm-up).

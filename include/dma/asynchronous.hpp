@@ -53,6 +53,14 @@ decltype(auto) owned(T&& value) {
   }
 }
 
+/// A type no handler names as its executor: a handler whose associated executor, asked with this
+/// as the candidate, comes back as this has none of its own and runs on whatever it is given.
+struct NoExecutorProbe {};
+
+template <typename Handler>
+inline constexpr bool has_own_executor =
+    !std::is_same_v<asio::associated_executor_t<Handler, NoExecutorProbe>, NoExecutorProbe>;
+
 /// One submitted transfer with its caller's context and completion handler.
 template <typename Context, typename Handler, typename IoExecutor>
 struct TransferOp final : Operation {
@@ -68,9 +76,15 @@ struct TransferOp final : Operation {
   // engine holds nothing. Other executors get the guard asio's rules ask for.
   TransferOp(Handler&& handler_in, TransferRequest<Context>&& request, const IoExecutor& io_executor)
       : Operation(&table, request), caller_context(std::move(request.caller_context)), handler(std::move(handler_in)) {
-    auto executor = asio::get_associated_executor(handler, io_executor);
-    direct = same_executor(executor, io_executor);
-    if (!direct) work.emplace(asio::prefer(executor, asio::execution::outstanding_work.tracked));
+    if constexpr (has_own_executor<Handler>) {
+      auto executor = asio::get_associated_executor(handler, io_executor);
+      direct = same_executor(executor, io_executor);
+      if (!direct) work.emplace(asio::prefer(executor, asio::execution::outstanding_work.tracked));
+    } else {
+      // It runs on the service's executor: nothing to copy or compare (a type-erased executor's
+      // copy, comparison and destruction are each a call through its function table).
+      direct = true;
+    }
   }
 
   static bool same_executor(const HandlerExecutor& a, const IoExecutor& b) noexcept {

@@ -391,6 +391,17 @@ TEST_CASE("a submission from a foreign thread completes on the service's executo
   CHECK(test::same(remote.memory(), test::pattern(4096, 9)));
 }
 
+// Which handlers run on the service's executor without a runtime compare: those that name no
+// executor of their own. One bound to any executor, the service's own type included, is compared.
+namespace {
+struct PlainHandler {
+  void operator()(dma::Completion<test::Payload>) const {}
+};
+}  // namespace
+static_assert(!dma::detail::has_own_executor<PlainHandler>);
+static_assert(dma::detail::has_own_executor<asio::executor_binder<PlainHandler, asio::io_context::executor_type>>);
+static_assert(dma::detail::has_own_executor<asio::executor_binder<PlainHandler, asio::any_io_executor>>);
+
 TEST_CASE("a handler bound to another executor runs there, and that executor's run() waits for it",
           "[loopback][threads]") {
   // The transfer holds work on the handler's own executor: `other` has nothing else to do, so

@@ -21,6 +21,8 @@
 
 namespace test {
 
+inline constexpr std::size_t mib = std::size_t{1} << 20;
+
 inline dma::Configuration loopback_configuration() {
   dma::Configuration configuration;
   configuration.bind = "127.0.0.1";
@@ -105,6 +107,34 @@ bool run_until(asio::io_context& io, std::future<T>& future,
     io.run_for(std::chrono::milliseconds(10));
   }
   return true;
+}
+
+/// Submits request with a plain completion handler and runs io until it completes (60 s at most);
+/// counts the handler's runs in *calls and stores the posts in flight it saw in *in_flight.
+template <typename Context>
+dma::Completion<Context> await_one(asio::io_context& io, dma::asynchronous::FabricService<Context>& service,
+                                   dma::TransferRequest<Context> request, int* calls = nullptr,
+                                   std::size_t* in_flight = nullptr) {
+  std::promise<dma::Completion<Context>> promise;
+  auto future = promise.get_future();
+  service.submit(std::move(request), [&, calls, in_flight](dma::Completion<Context> c) {
+    if (calls != nullptr) ++*calls;
+    if (in_flight != nullptr) *in_flight = service.metrics().posts_in_flight;
+    promise.set_value(std::move(c));
+  });
+  REQUIRE(run_until(io, future, std::chrono::seconds(60)));
+  return future.get();
+}
+
+/// The same through `co_await service.submit(request)` in a coroutine on io.
+template <typename Context>
+dma::Completion<Context> co_await_one(asio::io_context& io, dma::asynchronous::FabricService<Context>& service,
+                                      dma::TransferRequest<Context> request) {
+  auto future = asio::co_spawn(
+      io, [&]() -> asio::awaitable<dma::Completion<Context>> { co_return co_await service.submit(std::move(request)); },
+      asio::use_future);
+  REQUIRE(run_until(io, future, std::chrono::seconds(60)));
+  return future.get();
 }
 
 /// Runs io for `period`, in short slices: time for anything that must not come to arrive.

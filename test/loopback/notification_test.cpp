@@ -20,15 +20,6 @@ dma::Configuration with_queue(std::size_t capacity) {
   return c;
 }
 
-dma::Completion<test::Payload> await_one(asio::io_context& io, Service& service,
-                                         dma::TransferRequest<test::Payload> request) {
-  std::promise<dma::Completion<test::Payload>> promise;
-  auto future = promise.get_future();
-  service.submit(std::move(request), [&](dma::Completion<test::Payload> c) { promise.set_value(std::move(c)); });
-  REQUIRE(test::run_until(io, future));
-  return future.get();
-}
-
 struct Waited {
   std::error_code ec;
   dma::WriteNotification notification;
@@ -184,7 +175,7 @@ TEST_CASE("a transmit-complete write lands byte-exact", "[loopback][completion-l
   r.completion = dma::CompletionLevel::transmit;
   r.immediate_data = 0xfeedface12345678;
 
-  const auto completion = await_one(io, service, std::move(r));
+  const auto completion = test::await_one(io, service, std::move(r));
   REQUIRE(completion.outcome.ok());
   // The notification comes once the bytes have landed at the target.
   const Waited w = wait_written(remote.target());
@@ -200,7 +191,7 @@ TEST_CASE("a delivery-complete write with a bad key fails", "[loopback][completi
   auto r = remote.request(Direction::ToPeer, test::Payload{test::pattern(64, 3)});
   r.remote_key += 1;
 
-  const auto completion = await_one(io, service, std::move(r));
+  const auto completion = test::await_one(io, service, std::move(r));
   REQUIRE_FALSE(completion.outcome.ok());
   INFO(completion.outcome.message());
   CHECK((completion.outcome.error() == dma::condition::connection_lost ||
@@ -214,7 +205,7 @@ TEST_CASE("immediate data on a read is refused", "[loopback][notification]") {
   auto r = remote.request(Direction::FromPeer, test::Payload{}, 64);
   r.immediate_data = 1;
 
-  const auto completion = await_one(io, service, std::move(r));
+  const auto completion = test::await_one(io, service, std::move(r));
   CHECK(completion.outcome.error() == dma::errc::immediate_data_on_read);
   CHECK(completion.outcome.error() == dma::condition::invalid_operand);
   CHECK(completion.caller_context.bytes.empty());  // refused before the landing buffer was asked for

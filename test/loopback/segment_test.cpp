@@ -12,8 +12,6 @@ using dma::Direction;
 
 namespace {
 
-constexpr std::size_t mib = std::size_t{1} << 20;
-
 dma::Configuration with_segments(std::size_t bytes) {
   auto c = test::loopback_configuration();
   c.max_segment_bytes = bytes;
@@ -63,21 +61,6 @@ struct Split {
   std::span<const dma::RemoteSegment> remote_segments() const { return remote; }
 };
 
-template <typename Context>
-dma::Completion<Context> await_one(asio::io_context& io, dma::asynchronous::FabricService<Context>& service,
-                                   dma::TransferRequest<Context> request, int* calls = nullptr,
-                                   std::size_t* in_flight_at_completion = nullptr) {
-  std::promise<dma::Completion<Context>> promise;
-  auto future = promise.get_future();
-  service.submit(std::move(request), [&, calls, in_flight_at_completion](dma::Completion<Context> c) {
-    if (calls != nullptr) ++*calls;
-    if (in_flight_at_completion != nullptr) *in_flight_at_completion = service.metrics().posts_in_flight;
-    promise.set_value(std::move(c));
-  });
-  REQUIRE(test::run_until(io, future, std::chrono::seconds(60)));
-  return future.get();
-}
-
 std::vector<std::vector<std::byte>> buffers_of(std::size_t count, unsigned seed) {
   std::vector<std::vector<std::byte>> buffers;
   for (std::size_t i = 0; i < count; ++i)
@@ -89,17 +72,17 @@ std::vector<std::vector<std::byte>> buffers_of(std::size_t count, unsigned seed)
 
 TEST_CASE("a 64 MiB write and read in 1 MiB segments land byte-exact, with one completion and the right CRC",
           "[loopback][segments]") {
-  constexpr std::size_t size = 64 * mib;
+  constexpr std::size_t size = 64 * test::mib;
   test::RemoteBuffer remote(size);
   asio::io_context io;
-  dma::asynchronous::FabricService<test::Payload> service(io, with_segments(mib));
+  dma::asynchronous::FabricService<test::Payload> service(io, with_segments(test::mib));
   const auto bytes = test::pattern(size, 11);
   const std::uint32_t crc = dma::checksum(bytes);
 
   auto write = remote.request(Direction::ToPeer, test::Payload{bytes});
   write.want_checksum = true;
   int calls = 0;
-  const auto written = await_one(io, service, std::move(write), &calls);
+  const auto written = test::await_one(io, service, std::move(write), &calls);
   INFO(written.outcome.message());
   REQUIRE(written.outcome.ok());
   CHECK(written.outcome->bytes == size);
@@ -108,7 +91,7 @@ TEST_CASE("a 64 MiB write and read in 1 MiB segments land byte-exact, with one c
 
   auto read = remote.request(Direction::FromPeer, test::Payload{}, size);
   read.want_checksum = true;
-  const auto got = await_one(io, service, std::move(read), &calls);
+  const auto got = test::await_one(io, service, std::move(read), &calls);
   INFO(got.outcome.message());
   REQUIRE(got.outcome.ok());
   CHECK(got.outcome->bytes == size);
@@ -127,19 +110,19 @@ TEST_CASE("a 64 MiB write and read in 1 MiB segments land byte-exact, with one c
 
 TEST_CASE("a failing middle segment fails the transfer once, after all its segments came back",
           "[loopback][segments]") {
-  test::RemoteBuffer remote(4 * mib);
+  test::RemoteBuffer remote(4 * test::mib);
   asio::io_context io;
-  dma::asynchronous::FabricService<Split> service(io, with_segments(mib));
+  dma::asynchronous::FabricService<Split> service(io, with_segments(test::mib));
   const auto& adv = remote.advertisement();
-  Split split{test::pattern(3 * mib, 4), {}};
-  split.remote = {dma::RemoteSegment::of(adv, 0, mib), dma::RemoteSegment::of(adv, mib, mib),
-                  dma::RemoteSegment::of(adv, 2 * mib, mib)};
+  Split split{test::pattern(3 * test::mib, 4), {}};
+  split.remote = {dma::RemoteSegment::of(adv, 0, test::mib), dma::RemoteSegment::of(adv, test::mib, test::mib),
+                  dma::RemoteSegment::of(adv, 2 * test::mib, test::mib)};
   split.remote[1].remote_key += 1;  // the peer refuses this one
   auto r = remote.request(Direction::ToPeer, std::move(split));
 
   int calls = 0;
   std::size_t in_flight = 99;
-  const auto failed = await_one(io, service, std::move(r), &calls, &in_flight);
+  const auto failed = test::await_one(io, service, std::move(r), &calls, &in_flight);
   INFO(failed.outcome.message());
   REQUIRE_FALSE(failed.outcome.ok());
   CHECK((failed.outcome.error() == dma::condition::connection_lost ||
@@ -154,14 +137,14 @@ TEST_CASE("a failing middle segment fails the transfer once, after all its segme
   CHECK(m.failed == 1);
   CHECK(m.completed == 0);
 
-  Split good{test::pattern(2 * mib, 5), {}};
-  good.remote = {dma::RemoteSegment::of(adv, 0, mib), dma::RemoteSegment::of(adv, 2 * mib, mib)};
+  Split good{test::pattern(2 * test::mib, 5), {}};
+  good.remote = {dma::RemoteSegment::of(adv, 0, test::mib), dma::RemoteSegment::of(adv, 2 * test::mib, test::mib)};
   const auto expected = good.bytes;
-  const auto ok = await_one(io, service, remote.request(Direction::ToPeer, std::move(good)), &calls);
+  const auto ok = test::await_one(io, service, remote.request(Direction::ToPeer, std::move(good)), &calls);
   INFO(ok.outcome.message());
   REQUIRE(ok.outcome.ok());
-  CHECK(std::equal(expected.begin(), expected.begin() + mib, remote.memory().begin()));
-  CHECK(std::equal(expected.begin() + mib, expected.end(), remote.memory().begin() + 2 * mib));
+  CHECK(std::equal(expected.begin(), expected.begin() + test::mib, remote.memory().begin()));
+  CHECK(std::equal(expected.begin() + test::mib, expected.end(), remote.memory().begin() + 2 * test::mib));
 }
 
 TEST_CASE("a gather of 1 to 9 buffers lands byte-exact, and a scatter reads it back", "[loopback][segments]") {
@@ -181,7 +164,7 @@ TEST_CASE("a gather of 1 to 9 buffers lands byte-exact, and a scatter reads it b
     const auto all = gather.joined();
     auto write = remote.request(Direction::ToPeer, std::move(gather), 0, 100);
     write.want_checksum = true;
-    const auto written = await_one(io, service, std::move(write));
+    const auto written = test::await_one(io, service, std::move(write));
     INFO(written.outcome.message());
     REQUIRE(written.outcome.ok());
     CHECK(written.outcome->bytes == all.size());
@@ -199,7 +182,7 @@ TEST_CASE("a gather of 1 to 9 buffers lands byte-exact, and a scatter reads it b
     }
     auto read = remote.request(Direction::FromPeer, Lists(std::move(landing)), all.size(), 100);
     read.want_checksum = true;
-    const auto got = await_one(io, service, std::move(read));
+    const auto got = test::await_one(io, service, std::move(read));
     INFO(got.outcome.message());
     REQUIRE(got.outcome.ok());
     CHECK(got.outcome->checksum == dma::checksum(all));
@@ -237,7 +220,7 @@ TEST_CASE("a gather to several remote segments lands each part in its place", "[
     done += n;
   }
   const auto pieces = gather.remote;
-  const auto written = await_one(io, service, remote.request(Direction::ToPeer, std::move(gather)));
+  const auto written = test::await_one(io, service, remote.request(Direction::ToPeer, std::move(gather)));
   INFO(written.outcome.message());
   REQUIRE(written.outcome.ok());
   done = 0;
@@ -258,14 +241,14 @@ TEST_CASE("shapes that cannot be planned fail with a clear error and move nothin
 
   Split short_remote{test::pattern(1000, 1),
                      {dma::RemoteSegment::of(adv, 0, 600), dma::RemoteSegment::of(adv, 600, 300)}};
-  const auto differ = await_one(io, service, remote.request(Direction::ToPeer, std::move(short_remote)));
+  const auto differ = test::await_one(io, service, remote.request(Direction::ToPeer, std::move(short_remote)));
   CHECK(differ.outcome.error() == dma::errc::segment_lengths_differ);
   CHECK(differ.outcome.error() == dma::condition::invalid_operand);
   CHECK(differ.outcome.message().find("1000") != std::string::npos);
   CHECK(differ.outcome.message().find("900") != std::string::npos);
 
   Split wraps{test::pattern(64, 1), {dma::RemoteSegment{UINT64_MAX - 10, 64, adv.remote_key}}};
-  const auto wrapped = await_one(io, service, remote.request(Direction::ToPeer, std::move(wraps)));
+  const auto wrapped = test::await_one(io, service, remote.request(Direction::ToPeer, std::move(wraps)));
   CHECK(wrapped.outcome.error() == dma::errc::remote_range_overflows);
 
   struct NoSegments {
@@ -274,7 +257,7 @@ TEST_CASE("shapes that cannot be planned fail with a clear error and move nothin
     std::span<const dma::RemoteSegment> remote_segments() const { return {}; }
   };
   dma::asynchronous::FabricService<NoSegments> none_service(io, test::loopback_configuration());
-  const auto none = await_one(io, none_service, remote.request(Direction::ToPeer, NoSegments{}));
+  const auto none = test::await_one(io, none_service, remote.request(Direction::ToPeer, NoSegments{}));
   CHECK(none.outcome.error() == dma::errc::no_remote_segment);
 
   CHECK(std::all_of(remote.memory().begin(), remote.memory().end(), [](std::byte b) { return b == std::byte{0}; }));
@@ -284,14 +267,14 @@ TEST_CASE("shapes that cannot be planned fail with a clear error and move nothin
 
 TEST_CASE("a segmented write with immediate data notifies once, after every segment landed",
           "[loopback][segments][notification]") {
-  constexpr std::size_t size = 4 * mib;
+  constexpr std::size_t size = 4 * test::mib;
   test::RemoteBuffer remote(size);
   asio::io_context io;
   dma::asynchronous::FabricService<test::Payload> service(io, with_segments(256 * 1024));
   const auto bytes = test::pattern(size, 8);
   auto r = remote.request(Direction::ToPeer, test::Payload{bytes});
   r.immediate_data = 0x5e9;
-  const auto done = await_one(io, service, std::move(r));
+  const auto done = test::await_one(io, service, std::move(r));
   INFO(done.outcome.message());
   REQUIRE(done.outcome.ok());
 
@@ -311,18 +294,19 @@ TEST_CASE("a segmented write with immediate data notifies once, after every segm
 }
 
 TEST_CASE("a segmented write to a frozen peer fails once at its deadline", "[loopback][segments][faults]") {
-  test::RemoteBuffer remote(16 * mib);
+  test::RemoteBuffer remote(16 * test::mib);
   asio::io_context io;
-  dma::asynchronous::FabricService<test::Payload> service(io, with_segments(mib));
+  dma::asynchronous::FabricService<test::Payload> service(io, with_segments(test::mib));
   // Connect first, so the freeze catches posts in flight rather than a connection forming.
-  REQUIRE(await_one(io, service, remote.request(Direction::ToPeer, test::Payload{test::pattern(64, 1)})).outcome.ok());
+  REQUIRE(test::await_one(io, service, remote.request(Direction::ToPeer, test::Payload{test::pattern(64, 1)}))
+              .outcome.ok());
   remote.pause();
-  auto r = remote.request(Direction::ToPeer, test::Payload{test::pattern(16 * mib, 2)});
+  auto r = remote.request(Direction::ToPeer, test::Payload{test::pattern(16 * test::mib, 2)});
   r.deadline = std::chrono::milliseconds(300);
   int calls = 0;
   std::size_t in_flight = 99;
   const auto start = std::chrono::steady_clock::now();
-  const auto failed = await_one(io, service, std::move(r), &calls, &in_flight);
+  const auto failed = test::await_one(io, service, std::move(r), &calls, &in_flight);
   INFO(failed.outcome.message());
   CHECK(failed.outcome.error() == dma::errc::timed_out);
   CHECK(std::chrono::steady_clock::now() - start >= std::chrono::milliseconds(250));
@@ -334,12 +318,13 @@ TEST_CASE("a segmented write to a frozen peer fails once at its deadline", "[loo
 }
 
 TEST_CASE("a segmented transfer can be cancelled, queued or posted", "[loopback][segments]") {
-  test::RemoteBuffer remote(16 * mib);
+  test::RemoteBuffer remote(16 * test::mib);
   asio::io_context io;
-  dma::asynchronous::FabricService<test::Payload> service(io, with_segments(mib));
-  REQUIRE(await_one(io, service, remote.request(Direction::ToPeer, test::Payload{test::pattern(64, 1)})).outcome.ok());
+  dma::asynchronous::FabricService<test::Payload> service(io, with_segments(test::mib));
+  REQUIRE(test::await_one(io, service, remote.request(Direction::ToPeer, test::Payload{test::pattern(64, 1)}))
+              .outcome.ok());
   const auto [cancelled, calls] = test::cancel_while_frozen(
-      io, service, remote, remote.request(Direction::ToPeer, test::Payload{test::pattern(16 * mib, 3)}));
+      io, service, remote, remote.request(Direction::ToPeer, test::Payload{test::pattern(16 * test::mib, 3)}));
   CHECK(cancelled.outcome.error() == asio::error::operation_aborted);
   CHECK(calls == 1);
   CHECK(service.outstanding() == 0);
@@ -360,12 +345,12 @@ TEST_CASE("a segment window outside 1 to 16 is refused", "[loopback][segments]")
 }
 
 TEST_CASE("the callback layer checksums a gather and a long transfer", "[loopback][segments][callback]") {
-  test::RemoteBuffer remote(8 * mib);
+  test::RemoteBuffer remote(8 * test::mib);
   std::mutex mutex;
   std::vector<dma::Completion<Lists>> done;
   auto pool = std::make_shared<dma::Pool>(1);
   auto service = dma::FabricService<Lists>::start(
-      with_segments(mib),
+      with_segments(test::mib),
       [&](std::span<dma::Completion<Lists>> batch) {
         std::lock_guard lock(mutex);
         for (auto& c : batch)
@@ -373,7 +358,7 @@ TEST_CASE("the callback layer checksums a gather and a long transfer", "[loopbac
       },
       pool);
   Lists gather(buffers_of(7, 3));
-  gather.buffers.push_back(test::pattern(3 * mib, 7));  // longer than a segment too
+  gather.buffers.push_back(test::pattern(3 * test::mib, 7));  // longer than a segment too
   gather.refresh();
   const auto all = gather.joined();
   auto r = remote.request(Direction::ToPeer, std::move(gather));

@@ -16,21 +16,7 @@
 using dma::Direction;
 using Service = dma::asynchronous::FabricService<test::Payload>;
 
-namespace {
-
-dma::Completion<test::Payload> await_one(asio::io_context& io, Service& service,
-                                         dma::TransferRequest<test::Payload> request) {
-  auto future = asio::co_spawn(
-      io,
-      [&]() -> asio::awaitable<dma::Completion<test::Payload>> {
-        co_return co_await service.submit(std::move(request));
-      },
-      asio::use_future);
-  REQUIRE(test::run_until(io, future));
-  return future.get();
-}
-
-}  // namespace
+namespace {}  // namespace
 
 TEST_CASE("a 4 KiB write lands in the target's buffer", "[loopback][write]") {
   test::RemoteBuffer remote(4096);
@@ -38,7 +24,7 @@ TEST_CASE("a 4 KiB write lands in the target's buffer", "[loopback][write]") {
   Service service(io, test::loopback_configuration());
   auto bytes = test::pattern(4096, 1);
 
-  auto completion = await_one(io, service, remote.request(Direction::ToPeer, test::Payload{bytes}));
+  auto completion = test::co_await_one(io, service, remote.request(Direction::ToPeer, test::Payload{bytes}));
 
   REQUIRE(completion.outcome.ok());
   CHECK(completion.outcome->bytes == 4096);
@@ -52,7 +38,7 @@ TEST_CASE("an 8 MiB write lands in the target's buffer", "[loopback][write]") {
   Service service(io, test::loopback_configuration());
   auto bytes = test::pattern(8 << 20, 2);
 
-  auto completion = await_one(io, service, remote.request(Direction::ToPeer, test::Payload{bytes}));
+  auto completion = test::co_await_one(io, service, remote.request(Direction::ToPeer, test::Payload{bytes}));
 
   REQUIRE(completion.outcome.ok());
   CHECK(completion.outcome->bytes == bytes.size());
@@ -65,7 +51,7 @@ TEST_CASE("a write at an offset lands only in its slice", "[loopback][write]") {
   Service service(io, test::loopback_configuration());
   auto bytes = test::pattern(4096, 3);
 
-  auto completion = await_one(io, service, remote.request(Direction::ToPeer, test::Payload{bytes}, 0, 4096));
+  auto completion = test::co_await_one(io, service, remote.request(Direction::ToPeer, test::Payload{bytes}, 0, 4096));
 
   REQUIRE(completion.outcome.ok());
   CHECK(std::equal(bytes.begin(), bytes.end(), remote.memory().begin() + 4096));
@@ -82,7 +68,7 @@ TEST_CASE("a read returns the target's bytes", "[loopback][read]") {
   asio::io_context io;
   Service service(io, test::loopback_configuration());
 
-  auto completion = await_one(io, service, remote.request(Direction::FromPeer, test::Payload{}, 1 << 20));
+  auto completion = test::co_await_one(io, service, remote.request(Direction::FromPeer, test::Payload{}, 1 << 20));
 
   REQUIRE(completion.outcome.ok());
   CHECK(completion.outcome->bytes == (1u << 20));
@@ -99,7 +85,7 @@ TEST_CASE("a checksummed transfer reports the CRC-32C of the local operand", "[l
   auto request = remote.request(Direction::ToPeer, test::Payload{bytes});
   request.want_checksum = true;
 
-  auto completion = await_one(io, service, std::move(request));
+  auto completion = test::co_await_one(io, service, std::move(request));
 
   REQUIRE(completion.outcome.ok());
   CHECK(completion.outcome->checksum == 0xE3069283u);
@@ -166,7 +152,7 @@ TEST_CASE("a transfer to a port where nobody listens fails within the progress d
   request.caller_context.bytes.assign(64, std::byte{0xab});
 
   const auto start = std::chrono::steady_clock::now();
-  auto completion = await_one(io, service, std::move(request));
+  auto completion = test::co_await_one(io, service, std::move(request));
   const auto took = std::chrono::steady_clock::now() - start;
 
   REQUIRE_FALSE(completion.outcome.ok());
@@ -184,7 +170,7 @@ TEST_CASE("a transfer submitted from a completion handler gets its whole deadlin
   test::RemoteBuffer remote(4096);
   asio::io_context io;
   Service service(io, test::loopback_configuration());
-  (void)await_one(io, service, remote.request(Direction::ToPeer, test::Payload{test::pattern(64, 1)}));
+  (void)test::co_await_one(io, service, remote.request(Direction::ToPeer, test::Payload{test::pattern(64, 1)}));
   remote.pause();
   std::optional<dma::Completion<test::Payload>> second;
   std::chrono::steady_clock::time_point resubmitted;
@@ -277,7 +263,7 @@ TEST_CASE("a malformed peer address is rejected with its own error and nothing i
     dma::TransferRequest<test::Payload> request;
     request.peer_address = c.address;
     request.caller_context.bytes.assign(64, std::byte{1});
-    auto completion = await_one(io, service, std::move(request));
+    auto completion = test::co_await_one(io, service, std::move(request));
     CHECK(completion.outcome.error() == c.expected);
     CHECK(completion.outcome.error() == dma::condition::invalid_advertisement);
     CHECK(completion.caller_context.bytes.size() == 64);  // nothing lost
@@ -531,7 +517,8 @@ TEST_CASE("add_peer accepts a good address twice and rejects a bad one", "[loopb
   }
   service.remove_peer(1);
   // A later transfer for the removed client re-inserts the peer on its own.
-  auto completion = await_one(io, service, remote.request(Direction::ToPeer, test::Payload{test::pattern(64, 5)}));
+  auto completion =
+      test::co_await_one(io, service, remote.request(Direction::ToPeer, test::Payload{test::pattern(64, 5)}));
   CHECK(completion.outcome.ok());
 }
 
@@ -547,7 +534,7 @@ TEST_CASE("add_peer with an advertisement connects before the first transfer", "
   CHECK(service.metrics().completed == 1);
   CHECK(service.outstanding() == 0);
   const auto bytes = test::pattern(4096, 6);
-  auto completion = await_one(io, service, remote.request(Direction::ToPeer, test::Payload{bytes}));
+  auto completion = test::co_await_one(io, service, remote.request(Direction::ToPeer, test::Payload{bytes}));
   REQUIRE(completion.outcome.ok());
   CHECK(test::same(remote.memory(), bytes));
 }

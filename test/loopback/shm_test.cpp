@@ -29,18 +29,6 @@ dma::Configuration shm_configuration(dma::WaitMode mode = dma::WaitMode::adaptiv
   return configuration;
 }
 
-dma::Completion<test::Payload> await_one(asio::io_context& io, Service& service,
-                                         dma::TransferRequest<test::Payload> request) {
-  auto future = asio::co_spawn(
-      io,
-      [&]() -> asio::awaitable<dma::Completion<test::Payload>> {
-        co_return co_await service.submit(std::move(request));
-      },
-      asio::use_future);
-  REQUIRE(test::run_until(io, future));
-  return future.get();
-}
-
 // The child: one Target over shm with a buffer of `size` bytes filled with a pattern; prints its
 // advertisement, then a line with the first bytes of the buffer once its input closes.
 int serve(std::size_t size) {
@@ -106,7 +94,7 @@ TEST_CASE("a 4 KiB write over shm lands in the target's buffer", "[shm][write]")
     Service service(io, shm_configuration(mode));
     auto bytes = test::pattern(4096, 1);
 
-    auto completion = await_one(io, service, remote.request(Direction::ToPeer, test::Payload{bytes}));
+    auto completion = test::co_await_one(io, service, remote.request(Direction::ToPeer, test::Payload{bytes}));
 
     REQUIRE(completion.outcome.ok());
     CHECK(completion.outcome->bytes == 4096);
@@ -121,7 +109,7 @@ TEST_CASE("an 8 MiB write over shm lands in the target's buffer", "[shm][write]"
   Service service(io, shm_configuration());
   auto bytes = test::pattern(8 << 20, 2);
 
-  auto completion = await_one(io, service, remote.request(Direction::ToPeer, test::Payload{bytes}));
+  auto completion = test::co_await_one(io, service, remote.request(Direction::ToPeer, test::Payload{bytes}));
 
   REQUIRE(completion.outcome.ok());
   CHECK(completion.outcome->bytes == bytes.size());
@@ -134,7 +122,7 @@ TEST_CASE("a write over shm at an offset lands only in its slice", "[shm][write]
   Service service(io, shm_configuration());
   auto bytes = test::pattern(4096, 3);
 
-  auto completion = await_one(io, service, remote.request(Direction::ToPeer, test::Payload{bytes}, 0, 4096));
+  auto completion = test::co_await_one(io, service, remote.request(Direction::ToPeer, test::Payload{bytes}, 0, 4096));
 
   REQUIRE(completion.outcome.ok());
   CHECK(std::equal(bytes.begin(), bytes.end(), remote.memory().begin() + 4096));
@@ -151,7 +139,7 @@ TEST_CASE("a read over shm returns the target's bytes", "[shm][read]") {
   asio::io_context io;
   Service service(io, shm_configuration());
 
-  auto completion = await_one(io, service, remote.request(Direction::FromPeer, test::Payload{}, 1 << 20));
+  auto completion = test::co_await_one(io, service, remote.request(Direction::FromPeer, test::Payload{}, 1 << 20));
 
   REQUIRE(completion.outcome.ok());
   CHECK(completion.outcome->bytes == (1u << 20));
@@ -178,8 +166,8 @@ TEST_CASE("a read and a write over shm reach a target in another process", "[shm
     return r;
   };
 
-  auto read = await_one(io, service, request(Direction::FromPeer, test::Payload{}));
-  auto write = await_one(io, service, request(Direction::ToPeer, test::Payload{test::pattern(size, 10)}));
+  auto read = test::co_await_one(io, service, request(Direction::FromPeer, test::Payload{}));
+  auto write = test::co_await_one(io, service, request(Direction::ToPeer, test::Payload{test::pattern(size, 10)}));
 
   REQUIRE(read.outcome.ok());
   CHECK(test::same(read.caller_context.bytes, test::pattern(size, 9)));

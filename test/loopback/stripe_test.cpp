@@ -13,25 +13,11 @@ using Service = dma::asynchronous::FabricService<test::Payload>;
 
 namespace {
 
-constexpr std::size_t mib = std::size_t{1} << 20;
-
 dma::Configuration with_endpoints(std::size_t n, std::size_t threshold = 256 * 1024) {
   auto c = test::loopback_configuration();
   c.endpoints = n;
   c.stripe_threshold = threshold;
   return c;
-}
-
-dma::Completion<test::Payload> await_one(asio::io_context& io, Service& service,
-                                         dma::TransferRequest<test::Payload> request, int* calls = nullptr) {
-  std::promise<dma::Completion<test::Payload>> promise;
-  auto future = promise.get_future();
-  service.submit(std::move(request), [&, calls](dma::Completion<test::Payload> c) {
-    if (calls != nullptr) ++*calls;
-    promise.set_value(std::move(c));
-  });
-  REQUIRE(test::run_until(io, future, std::chrono::seconds(60)));
-  return future.get();
 }
 
 }  // namespace
@@ -40,7 +26,7 @@ TEST_CASE("striping over 1, 2 and 4 endpoints lands byte-exact, with one complet
           "[loopback][stripe]") {
   const std::size_t endpoints = GENERATE(std::size_t{1}, std::size_t{2}, std::size_t{4});
   CAPTURE(endpoints);
-  constexpr std::size_t size = 16 * mib + 1234;  // not a multiple of anything
+  constexpr std::size_t size = 16 * test::mib + 1234;  // not a multiple of anything
   test::RemoteBuffer remote(size + 4096);
   asio::io_context io;
   Service service(io, with_endpoints(endpoints));
@@ -52,7 +38,7 @@ TEST_CASE("striping over 1, 2 and 4 endpoints lands byte-exact, with one complet
   auto write = remote.request(Direction::ToPeer, test::Payload{bytes}, 0, 100);
   write.want_checksum = true;
   int calls = 0;
-  const auto written = await_one(io, service, std::move(write), &calls);
+  const auto written = test::await_one(io, service, std::move(write), &calls);
   INFO(written.outcome.message());
   REQUIRE(written.outcome.ok());
   CHECK(written.outcome->bytes == size);
@@ -63,7 +49,7 @@ TEST_CASE("striping over 1, 2 and 4 endpoints lands byte-exact, with one complet
 
   auto read = remote.request(Direction::FromPeer, test::Payload{}, size, 100);
   read.want_checksum = true;
-  const auto got = await_one(io, service, std::move(read), &calls);
+  const auto got = test::await_one(io, service, std::move(read), &calls);
   INFO(got.outcome.message());
   REQUIRE(got.outcome.ok());
   CHECK(got.outcome->checksum == dma::checksum(bytes));
@@ -105,17 +91,17 @@ TEST_CASE("transfers below the stripe threshold go to one endpoint, the least lo
 }
 
 TEST_CASE("add_peer warms every endpoint; a striped write with immediate data notifies once", "[loopback][stripe]") {
-  test::RemoteBuffer remote(4 * mib);
+  test::RemoteBuffer remote(4 * test::mib);
   asio::io_context io;
-  Service service(io, with_endpoints(3, mib));
+  Service service(io, with_endpoints(3, test::mib));
   auto warmed = service.add_peer(1, remote.advertisement(), asio::use_future);
   REQUIRE(test::run_until(io, warmed));
   REQUIRE_NOTHROW(warmed.get());
   CHECK(service.metrics().completed == 3);  // one warm-up write per endpoint
 
-  auto r = remote.request(Direction::ToPeer, test::Payload{test::pattern(4 * mib, 6)});
+  auto r = remote.request(Direction::ToPeer, test::Payload{test::pattern(4 * test::mib, 6)});
   r.immediate_data = 77;
-  const auto done = await_one(io, service, std::move(r));
+  const auto done = test::await_one(io, service, std::move(r));
   REQUIRE(done.outcome.ok());
   std::promise<dma::WriteNotification> promise;
   auto future = promise.get_future();
@@ -136,13 +122,13 @@ TEST_CASE("add_peer warms every endpoint; a striped write with immediate data no
 }
 
 TEST_CASE("a striped transfer to a frozen peer can be cancelled and completes once", "[loopback][stripe]") {
-  test::RemoteBuffer remote(16 * mib);
+  test::RemoteBuffer remote(16 * test::mib);
   asio::io_context io;
-  Service service(io, with_endpoints(2, mib));
+  Service service(io, with_endpoints(2, test::mib));
   auto warmed = service.add_peer(1, remote.advertisement(), asio::use_future);
   REQUIRE(test::run_until(io, warmed));
   const auto [cancelled, calls] = test::cancel_while_frozen(
-      io, service, remote, remote.request(Direction::ToPeer, test::Payload{test::pattern(16 * mib, 2)}));
+      io, service, remote, remote.request(Direction::ToPeer, test::Payload{test::pattern(16 * test::mib, 2)}));
   CHECK(cancelled.outcome.error() == asio::error::operation_aborted);
   CHECK(calls == 1);
   CHECK(service.outstanding() == 0);

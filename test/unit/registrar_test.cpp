@@ -47,8 +47,8 @@ std::optional<CacheableSpan> span_of_test;
 std::optional<CacheableSpan> cacheable_span(const Operation&) { return span_of_test; }
 constexpr OperationFunctions functions{nullptr, nullptr, nullptr, &cacheable_span, nullptr, nullptr};
 
-struct Rig {
-  Rig() {
+struct RegistrarRig {
+  RegistrarRig() {
     registrar.open({&domain_key,
                     true,
                     false,
@@ -67,7 +67,7 @@ struct Rig {
                       return Fid<fid_mr>(&fake->mr);
                     }});
   }
-  ~Rig() {
+  ~RegistrarRig() {
     registrar.release();
     span_of_test.reset();
   }
@@ -90,7 +90,7 @@ struct Rig {
 }  // namespace
 
 TEST_CASE("operands inside a cacheable span share one registration of the span", "[unit][registrar]") {
-  Rig rig;
+  RegistrarRig rig;
   const auto base = reinterpret_cast<std::uintptr_t>(rig.memory.data());
   span_of_test = CacheableSpan{base, base + rig.memory.size()};
   Operation first = rig.operand(0, 64);
@@ -110,7 +110,7 @@ TEST_CASE("operands inside a cacheable span share one registration of the span",
 }
 
 TEST_CASE("without a span the operand's registration lives only as long as its lease", "[unit][registrar]") {
-  Rig rig;
+  RegistrarRig rig;
   const int closed_before = FakeMr::closed;
   {
     Operation op = rig.operand(128, 256);
@@ -128,7 +128,7 @@ TEST_CASE("without a span the operand's registration lives only as long as its l
 }
 
 TEST_CASE("a span that fails to register falls back to the operand alone", "[unit][registrar]") {
-  Rig rig;
+  RegistrarRig rig;
   const auto base = reinterpret_cast<std::uintptr_t>(rig.memory.data());
   span_of_test = CacheableSpan{base, base + rig.memory.size()};
   rig.fail_next = true;
@@ -142,7 +142,7 @@ TEST_CASE("a span that fails to register falls back to the operand alone", "[uni
 }
 
 TEST_CASE("an operand whose range overflows is refused before any registration", "[unit][registrar]") {
-  Rig rig;
+  RegistrarRig rig;
   Operation op = rig.operand(0, 64);
   op.buffer = reinterpret_cast<std::byte*>(UINTPTR_MAX - 8);
   std::error_code ec;
@@ -154,7 +154,7 @@ TEST_CASE("an operand whose range overflows is refused before any registration",
 TEST_CASE("pins are tracked until release, which closes every MR of the domain", "[unit][registrar]") {
   const int closed_before = FakeMr::closed;
   {
-    Rig rig;
+    RegistrarRig rig;
     const auto base = reinterpret_cast<std::uintptr_t>(rig.memory.data());
     CHECK(rig.registrar.pin(base, 0, nullptr) == dma::errc::zero_length_region);
     CHECK(rig.registrar.pin(UINTPTR_MAX - 1, 8, nullptr) == dma::errc::region_range_overflows);

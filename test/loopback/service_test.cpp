@@ -16,8 +16,6 @@
 using dma::Direction;
 using Service = dma::asynchronous::FabricService<test::Payload>;
 
-namespace {}  // namespace
-
 TEST_CASE("a 4 KiB write lands in the target's buffer", "[loopback][write]") {
   test::RemoteBuffer remote(4096);
   asio::io_context io;

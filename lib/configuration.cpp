@@ -45,6 +45,26 @@ std::string_view to_string(WaitMode mode) noexcept {
   return "unknown";
 }
 
+std::string_view to_string(TcpProtocol protocol) noexcept {
+  switch (protocol) {
+    case TcpProtocol::automatic:
+      return "auto";
+    case TcpProtocol::native:
+      return "native";
+    case TcpProtocol::rxm:
+      return "rxm";
+  }
+  return "unknown";
+}
+
+template <>
+std::optional<TcpProtocol> from_string<TcpProtocol>(std::string_view text) noexcept {
+  for (const TcpProtocol protocol : {TcpProtocol::automatic, TcpProtocol::native, TcpProtocol::rxm}) {
+    if (text == to_string(protocol)) return protocol;
+  }
+  return std::nullopt;
+}
+
 template <>
 std::optional<Provider> from_string<Provider>(std::string_view text) noexcept {
   for (const Provider provider : {Provider::tcp, Provider::efa_direct, Provider::shm}) {

@@ -296,6 +296,13 @@ struct Codec<WaitMode> : EnumCodec<WaitMode, 3> {
   }
 };
 
+template <>
+struct Codec<TcpProtocol> : EnumCodec<TcpProtocol, 3> {
+  static TcpProtocol read(const Value& v) {
+    return EnumCodec::read(v, {TcpProtocol::automatic, TcpProtocol::native, TcpProtocol::rxm});
+  }
+};
+
 // Strings end up in fi_getinfo and domain names: non-empty, no NUL.
 template <>
 struct Codec<std::string> {
@@ -389,6 +396,7 @@ const std::array keys{
     key<&Configuration::interfaces>("interfaces"),
     key<&Configuration::bind>("bind"),
     key<&Configuration::port>("port", {1, 65535}),
+    key<&Configuration::tcp_protocol>("tcp_protocol"),
     key<&Configuration::max_in_flight>("max_in_flight", {1, mebi}),
     key<&Configuration::crc_pool_threads>("crc_pool_threads", {1, 1024}),
     key<&Configuration::progress_deadline>("progress_deadline", between(1us, 24h)),

@@ -78,6 +78,11 @@ class LibraryCategory final : public std::error_category {
                "rights; tcp reports all of these alike)";
       case errc::peer_unreachable:
         return "the peer is marked unreachable and its back-off has not ended";
+      case errc::connection_rejected:
+        return "the peer's address accepts TCP connections but not libfabric's connection request: most often "
+               "the two ends speak different wire protocols (native tcp, libfabric 1.18 and later, against "
+               "tcp;ofi_rxm as libfabric 1.17 speaks it: set tcp_protocol = \"rxm\" on the newer end; or rxm "
+               "with different eager limits), else the peer is not progressing";
       case errc::remote_access_denied:
         return "the peer refused the access: wrong key, range outside its region, or missing access rights";
       case errc::immediate_data_on_read:
@@ -122,6 +127,7 @@ class LibraryCategory final : public std::error_category {
         return condition::invalid_operand;
       case errc::progress_deadline:
       case errc::connection_refused:
+      case errc::connection_rejected:
       case errc::peer_unreachable:
         return condition::peer_unreachable;
       case errc::connection_lost:

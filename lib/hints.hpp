@@ -6,6 +6,7 @@
 
 #include <rdma/fabric.h>
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <system_error>
@@ -16,6 +17,18 @@ namespace dma::detail {
 /// those of ProcessSettings, once, before libfabric first initialises; never overrides a value
 /// already set. After it, set_process_settings() refuses.
 void prepare_environment() noexcept;
+
+// What differs between the libfabric versions the library runs on (1.17, 2.1, 2.6), each named
+// after what it is; docs/notes/libfabric-versions.md has the measurements behind them.
+
+/// Before 1.18 tcp has no RDM endpoint of its own: tcp RDM is rxm over tcp (`tcp;ofi_rxm`).
+/// From 1.18 on it is the native tcp provider (FI_PROTO_XNET), whose wire rxm cannot read.
+bool tcp_rdm_is_rxm_only(std::uint32_t version) noexcept;
+
+/// rxm's connection request carries its eager limit, and rxm refuses a peer whose limit differs.
+/// On 1.17 the limit is a setting of its own (FI_OFI_RXM_EAGER_LIMIT, default 16384) that may
+/// stay above the bounce-buffer size over tcp; in 2.x it is the buffer size itself.
+bool rxm_eager_limit_is_its_own_setting(std::uint32_t version) noexcept;
 
 /// The first configured provider; tcp when none is.
 Provider configured_provider(const Configuration& configuration) noexcept;

@@ -2,6 +2,7 @@
 // entry's flow (its queue and health) lives with it.
 #pragma once
 
+#include "connect_probe.hpp"
 #include "log.hpp"
 #include "peer_flow.hpp"
 
@@ -34,6 +35,7 @@ struct Peer {
   std::size_t transfers = 0;  ///< accepted transfers that name it (queued or posted)
   bool evicted = false;       ///< a newer incarnation of its efa queue pair took its place
   PeerFlow flow;
+  ConnectProbe probe;  ///< while a connection to it is late: why (tcp)
 };
 
 static_assert(std::is_standard_layout_v<Peer>, "the engine finds a Peer from its flow with offsetof");

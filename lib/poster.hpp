@@ -243,21 +243,42 @@ class Poster {
   }
 
   // A post was refused. Past progress_deadline of refusals in a row the peer is marked
-  // unreachable: rxm reports a refused or unanswered connection only this way.
+  // unreachable: rxm and tcp report a refused, rejected or unanswered connection only this way.
+  // Halfway there, a plain TCP connect to the peer's address starts beside libfabric's, so that
+  // the failure can say which it was (connect_probe.hpp).
   template <typename Host>
   void stalled(PeerFlow& flow, Host& host) {
     const auto now = Clock::now();
     if (flow.stalled_since == Clock::time_point{}) flow.stalled_since = now;
-    if (now - flow.stalled_since < limits_.progress_deadline) return flows_.park(flow);
+    Peer& peer = peer_of(flow);
+    if (now - flow.stalled_since < limits_.progress_deadline) {
+      if (!flow.connected && now - flow.stalled_since >= limits_.progress_deadline / 2) peer.probe.start(peer.address);
+      return flows_.park(flow);
+    }
     if (flow.connected) {
+      peer.probe.reset();
       mark_unreachable(flow, now, errc::progress_deadline,
                        "no progress posting for " + duration_text(limits_.progress_deadline) +
                            ": peer unreachable or transmit queue stuck",
                        host);
-    } else {
-      mark_unreachable(flow, now, errc::connection_refused,
-                       "no connection within " + duration_text(limits_.progress_deadline), host);
+      return;
     }
+    const std::string late = "no connection within " + duration_text(limits_.progress_deadline);
+    switch (peer.probe.finish()) {
+      case ConnectProbe::Verdict::listening:
+        return mark_unreachable(flow, now, errc::connection_rejected,
+                                late +
+                                    "; a plain TCP connection to the peer's address succeeds, so its "
+                                    "libfabric is listening and rejected ours",
+                                host);
+      case ConnectProbe::Verdict::refused:
+        return mark_unreachable(flow, now, errc::connection_refused,
+                                late + "; a plain TCP connection to the peer's address is refused too", host);
+      case ConnectProbe::Verdict::none:
+      case ConnectProbe::Verdict::silent:
+        break;
+    }
+    mark_unreachable(flow, now, errc::connection_refused, late, host);
   }
 
   static std::string rc_detail(ssize_t rc, const Operation& op) {
@@ -319,7 +340,10 @@ void Poster::post_pending(Host& host) {
       ++in_flight_;
       ++flow->in_flight;
       posted_.add();
-      flow->stalled_since = {};
+      if (flow->stalled_since != Clock::time_point{}) {
+        flow->stalled_since = {};
+        peer.probe.reset();
+      }
       if (flow->place == PeerFlow::Place::ready) flows_.posted(*flow);
       continue;
     }

@@ -27,6 +27,16 @@ enum class Provider {
                ///< queue has no wait fd, so services and targets on it always busy-poll
 };
 
+/// Which wire protocol a tcp endpoint speaks. libfabric before 1.18 has only rxm over tcp
+/// (`tcp;ofi_rxm`); from 1.18 on tcp RDM is the native tcp provider, and rxm is still there. The
+/// two cannot connect to each other: a peer on libfabric 1.17 refuses native tcp's connection
+/// request. Both ends must speak the same one (docs/configuration.md, "libfabric versions").
+enum class TcpProtocol {
+  automatic,  ///< what libfabric offers first: native tcp from 1.18 on, rxm before (the default)
+  native,     ///< the native tcp provider (libfabric 1.18 and later only)
+  rxm,        ///< rxm over tcp, as libfabric 1.17 speaks it: to reach peers on 1.17 from 1.18 and later
+};
+
 /// How the service (and a Target) waits for completions while transfers are outstanding.
 enum class WaitMode {
   fd,         ///< arm the completion queue's wait fd as soon as it is drained (lowest CPU)
@@ -34,6 +44,8 @@ enum class WaitMode {
   busy_poll,  ///< never arm the fd: poll on the executor while work is outstanding (lowest latency)
 };
 
+/// The tcp protocol's name in configuration files: "auto", "native" or "rxm".
+std::string_view to_string(TcpProtocol protocol) noexcept;
 /// The provider's name in configuration files and on command lines: "tcp", "efa-direct" or "shm".
 std::string_view to_string(Provider provider) noexcept;
 /// The wait mode's name in configuration files and on command lines: "fd", "adaptive" or
@@ -54,6 +66,9 @@ std::optional<Provider> from_string<Provider>(std::string_view text) noexcept;
 /// "fd", "adaptive" or "busy-poll".
 template <>
 std::optional<WaitMode> from_string<WaitMode>(std::string_view text) noexcept;
+/// "auto", "native" or "rxm".
+template <>
+std::optional<TcpProtocol> from_string<TcpProtocol>(std::string_view text) noexcept;
 
 /// The value for fi_fabric_attr::prov_name: "tcp", "efa" or "shm".
 std::string_view provider_name(Provider provider) noexcept;
@@ -82,6 +97,9 @@ struct Configuration {
   /// none lets the system choose a free one. shm: a fixed name for the endpoint (one endpoint per
   /// port and host, like a tcp port); none names it after the process and a counter.
   std::optional<std::uint16_t> port;
+  /// tcp: the wire protocol (see TcpProtocol). Set rxm on libfabric 1.18 and later to serve or
+  /// reach peers whose libfabric is 1.17; native on 1.17 is refused when the endpoint opens.
+  TcpProtocol tcp_protocol = TcpProtocol::automatic;
   /// Transfers posted at once to one peer; none means 64. Clamped to the provider's tx size and
   /// the CQ size. All peers together post at most min(tx size, CQ size) at once, so a peer that
   /// stops answering holds only its own credits.
@@ -226,13 +244,16 @@ class ConfigurationError : public std::system_error {
 /// set_process_settings() before the first FabricService or Target opens. A variable the user has
 /// already set in the environment is never overridden.
 struct ProcessSettings {
-  /// Size the tcp provider's (rxm's) pools for one-sided RMA: FI_OFI_RXM_BUFFER_SIZE=1024 and
-  /// FI_OFI_RXM_MSG_RX_SIZE=128 instead of rxm's 16 KiB buffers and 4096 shared receive buffers
-  /// (about 68 MB per endpoint, all touched when it opens, never used by RMA), and
+  /// Size the tcp provider's pools for one-sided RMA, with settings that change nothing on the
+  /// wire (a peer at libfabric's defaults still connects): on libfabric 1.17 rxm's bounce buffers
+  /// of 1 KiB under its default eager limit (FI_OFI_RXM_BUFFER_SIZE=1024,
+  /// FI_OFI_RXM_EAGER_LIMIT=16384) and 128 preposted receives (FI_OFI_RXM_MSG_RX_SIZE) instead of
+  /// 4096 buffers of 16 KiB (about 68 MB per endpoint, touched when it opens, never used by RMA);
   /// FI_UNIVERSE_SIZE=64, which sizes the completion ring under rxm (12 MiB per endpoint for
-  /// libfabric's default of 1024, touched as a busy endpoint cycles through it). With it a Target
-  /// costs about 2 MB. Turn it off only when other code in the process uses libfabric messaging
-  /// and wants these defaults (docs/configuration.md).
+  /// libfabric's default of 1024); on 1.18 and later native tcp's message buffers of 1 KiB
+  /// (FI_TCP_MAX_RX_SIZE=1024, 16 MiB at the first connection otherwise). With it a Target costs
+  /// about 3 MB. Turn it off only when other code in the process uses libfabric messaging and
+  /// wants these defaults (docs/configuration.md).
   bool slim_buffers = true;
 
   /// Field by field equality.

@@ -61,6 +61,14 @@ enum class errc {
   segment_lengths_differ,  ///< the local buffers and the remote segments do not total the same length
   no_remote_segment,       ///< Operands::remote_segments() named no segment
   remote_range_overflows,  ///< a remote segment's address + length wraps around
+  // Connections.
+  /// No connection within progress_deadline, while a plain TCP connection to the peer's address
+  /// succeeds: something listens there, and libfabric's connection request was rejected or never
+  /// answered. Most often the two ends speak different wire protocols: native tcp (libfabric 1.18
+  /// and later) against rxm (`tcp;ofi_rxm`, libfabric 1.17; set Configuration::tcp_protocol to
+  /// rxm on the newer end), or rxm with different eager limits. A peer whose process is frozen
+  /// looks the same, since its kernel still accepts connections.
+  connection_rejected,
 };
 
 /// Broad classes a caller can branch on: `if (ec == dma::condition::peer_unreachable)`. Codes of
@@ -69,7 +77,7 @@ enum class condition {
   /// Any advertisement parse or validation failure: errc::advertisement_* and errc::address_*.
   invalid_advertisement = 1,
   /// The peer is gone, refused, or never made progress: errc::progress_deadline,
-  /// errc::connection_refused, errc::peer_unreachable; libfabric's FI_ECONNREFUSED,
+  /// errc::connection_refused, errc::connection_rejected, errc::peer_unreachable; libfabric's FI_ECONNREFUSED,
   /// FI_EHOSTUNREACH, FI_ENETUNREACH, FI_EADDRNOTAVAIL.
   peer_unreachable,
   /// The caller's context did not supply a usable operand, or the request asks for what its

@@ -8,7 +8,7 @@ Four directions, each in processes of their own on 127.0.0.1:
   peer-reads      fabric_peer read from one_target --read (library)
 
   interop.py --examples DIR --peer PATH [--peer-env K=V ...] [--library-env K=V ...]
-             [--expect-refusal TEXT]
+             [--library-config TOML] [--expect-refusal TEXT] [--only DIRECTION ...]
 
 The peer may be linked against another libfabric than the library (CI pairs every version).
 With --expect-refusal, the library's initiators must fail, and say TEXT in their error, instead of
@@ -94,25 +94,34 @@ def main():
     parser.add_argument("--peer", required=True)
     parser.add_argument("--peer-env", action="append", default=[])
     parser.add_argument("--library-env", action="append", default=[])
+    parser.add_argument("--library-config", default=None,
+                        help="TOML text of a [dma-libfabric] table the examples load with --config")
     parser.add_argument("--expect-refusal", default=None,
                         help="the library's initiators must fail with this text instead of transferring")
     parser.add_argument("--only", action="append", default=[], help="run only these directions")
     args = parser.parse_args()
 
-    ex = lambda name: os.path.join(args.examples, name)
+    config_args = []
+    if args.library_config is not None:
+        import tempfile
+        config = tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False)
+        config.write("[dma-libfabric]\n" + args.library_config.replace("\\n", "\n") + "\n")
+        config.close()
+        config_args = ["--config", config.name]
+    ex = lambda name: [os.path.join(args.examples, name)] + config_args
     peer_env = environment(args.peer_env)
     library_env = environment(args.library_env)
     bind = "127.0.0.1"
     directions = [
-        ("write-to-peer", [args.peer, "target", bind], peer_env, [ex("async_transfer"), bind], library_env,
+        ("write-to-peer", [args.peer, "target", bind], peer_env, ex("async_transfer") + [bind], library_env,
          lambda c, o: c == 0 and "wrote 4096 of 4096 bytes" in o,
          lambda c, o: c == 0 and "payload verified" in o, False),
-        ("read-from-peer", [args.peer, "target", "--read", bind], peer_env, [ex("read_from_peer"), bind],
+        ("read-from-peer", [args.peer, "target", "--read", bind], peer_env, ex("read_from_peer") + [bind],
          library_env, lambda c, o: c == 0 and "payload verified" in o, lambda c, o: True, True),
-        ("peer-writes", [ex("one_target"), bind], library_env, [args.peer, "write"], peer_env,
+        ("peer-writes", ex("one_target") + [bind], library_env, [args.peer, "write"], peer_env,
          lambda c, o: c == 0 and "wrote 4096 bytes" in o,
          lambda c, o: c == 0 and "payload verified" in o, False),
-        ("peer-reads", [ex("one_target"), "--read", bind], library_env, [args.peer, "read"], peer_env,
+        ("peer-reads", ex("one_target") + ["--read", bind], library_env, [args.peer, "read"], peer_env,
          lambda c, o: c == 0 and "payload verified" in o, lambda c, o: True, True),
     ]
     if args.expect_refusal is not None:
@@ -128,6 +137,8 @@ def main():
             print("  " + report.replace("\n", "\n  "))
         passed += ok
         failed += not ok
+    if config_args:
+        os.unlink(config_args[1])
     print(f"{passed} passed, {failed} failed")
     return 0 if failed == 0 else 1
 

@@ -14,7 +14,8 @@ struct WriteNotification {
   /// The writer's TransferFields::immediate_data. With errc::notifications_lost: how many
   /// notifications were dropped at this place in the order.
   std::uint64_t data = 0;
-  /// The bytes written, where the provider reports them; none where it does not (tcp).
+  /// The bytes written, where the provider reports them; none where it does
+  /// not (`tcp;ofi_rxm`, libfabric 1.17; native tcp on 1.18 and later reports it).
   std::optional<std::size_t> length;
 };
 

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "../catch.hpp"
+#include "hints.hpp"
 
 TEST_CASE("the configuration defaults are the Rust crate's", "[configuration]") {
   const dma::Configuration configuration;
@@ -101,4 +102,14 @@ TEST_CASE("a peer address is held inline and an oversized one is flagged, not tr
   CHECK(too_long.oversized());
   CHECK(too_long.empty());
   CHECK_FALSE(too_long == dma::PeerAddress{});
+}
+
+TEST_CASE("tcp RDM is rxm only before libfabric 1.18; only 1.17's rxm has an eager limit of its own",
+          "[configuration]") {
+  CHECK(dma::detail::tcp_rdm_is_rxm_only(FI_VERSION(1, 17)));
+  CHECK_FALSE(dma::detail::tcp_rdm_is_rxm_only(FI_VERSION(1, 18)));
+  CHECK_FALSE(dma::detail::tcp_rdm_is_rxm_only(FI_VERSION(2, 1)));
+  CHECK_FALSE(dma::detail::tcp_rdm_is_rxm_only(FI_VERSION(2, 6)));
+  CHECK(dma::detail::rxm_eager_limit_is_its_own_setting(FI_VERSION(1, 17)));
+  CHECK_FALSE(dma::detail::rxm_eager_limit_is_its_own_setting(FI_VERSION(2, 6)));
 }

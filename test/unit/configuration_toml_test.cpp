@@ -92,6 +92,11 @@ TEST_CASE("enum values use the spelling to_string prints, and nothing else", "[c
   const auto busy = refusal("[dma-libfabric]\nwait_mode = \"busy\"");
   CHECK(std::string(busy.what()) ==
         "test.toml:2:13: dma-libfabric.wait_mode: expected one of \"fd\", \"adaptive\", \"busy-poll\", got \"busy\"");
+  CHECK(load("tcp_protocol = \"rxm\"").tcp_protocol == dma::TcpProtocol::rxm);
+  CHECK(load("tcp_protocol = \"native\"").tcp_protocol == dma::TcpProtocol::native);
+  CHECK(load("").tcp_protocol == dma::TcpProtocol::automatic);
+  CHECK(std::string(refusal("[dma-libfabric]\ntcp_protocol = \"xnet\"").what()) ==
+        "test.toml:2:16: dma-libfabric.tcp_protocol: expected one of \"auto\", \"native\", \"rxm\", got \"xnet\"");
   const auto efa = refusal("[dma-libfabric]\nproviders = [\"tcp\", \"efa\"]");
   CHECK(efa.key() == "dma-libfabric.providers[1]");
   CHECK(efa.column() == 21);
@@ -104,6 +109,10 @@ TEST_CASE("from_string parses exactly what to_string prints", "[configuration]")
   for (const auto mode : {dma::WaitMode::fd, dma::WaitMode::adaptive, dma::WaitMode::busy_poll}) {
     CHECK(dma::from_string<dma::WaitMode>(dma::to_string(mode)) == mode);
   }
+  for (const auto protocol : {dma::TcpProtocol::automatic, dma::TcpProtocol::native, dma::TcpProtocol::rxm}) {
+    CHECK(dma::from_string<dma::TcpProtocol>(dma::to_string(protocol)) == protocol);
+  }
+  CHECK_FALSE(dma::from_string<dma::TcpProtocol>("tcp;ofi_rxm"));
   CHECK_FALSE(dma::from_string<dma::WaitMode>("busy"));
   CHECK_FALSE(dma::from_string<dma::WaitMode>("Busy-Poll"));
   CHECK_FALSE(dma::from_string<dma::Provider>("efa"));

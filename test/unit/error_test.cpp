@@ -27,6 +27,7 @@ TEST_CASE("peer failures, deadlines and bad advertisements fall into broad condi
   CHECK(dma::fabric_error(FI_EACCES) == dma::condition::remote_access_denied);
   CHECK(std::error_code(dma::errc::progress_deadline) == dma::condition::peer_unreachable);
   CHECK(std::error_code(dma::errc::connection_refused) == dma::condition::peer_unreachable);
+  CHECK(std::error_code(dma::errc::connection_rejected) == dma::condition::peer_unreachable);
   CHECK(std::error_code(dma::errc::peer_unreachable) == dma::condition::peer_unreachable);
   CHECK(std::error_code(dma::errc::connection_lost) == dma::condition::connection_lost);
   CHECK_FALSE(std::error_code(dma::errc::connection_lost) == dma::condition::peer_unreachable);
@@ -35,6 +36,13 @@ TEST_CASE("peer failures, deadlines and bad advertisements fall into broad condi
   CHECK(std::error_code(dma::errc::no_source) == dma::condition::invalid_operand);
   CHECK(std::error_code(dma::errc::shutdown) == dma::condition::cancelled);
   CHECK_FALSE(std::error_code(dma::errc::shutdown) == dma::condition::peer_unreachable);
+}
+
+TEST_CASE("a rejected connection names the protocol mismatch and the key that fixes it", "[errors]") {
+  const std::string message = std::error_code(dma::errc::connection_rejected).message();
+  CHECK(message.find("wire protocols") != std::string::npos);
+  CHECK(message.find("tcp_protocol = \"rxm\"") != std::string::npos);
+  CHECK_FALSE(std::error_code(dma::errc::connection_rejected) == dma::condition::connection_lost);
 }
 
 TEST_CASE("a transfer's deadline compares equal to std::errc::timed_out and to nothing of the peer's", "[errors]") {

@@ -2,9 +2,15 @@
 #include "poster.hpp"
 #include "../catch.hpp"
 
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <array>
+#include <chrono>
 #include <deque>
 #include <string>
+#include <thread>
 #include <vector>
 
 using dma::detail::Operation;
@@ -145,6 +151,36 @@ TEST_CASE("refusals for progress_deadline mark the peer unreachable and fail its
   CHECK(rig.poster.marked_unreachable() == 1);
   CHECK(rig.peers[0].flow.refresh);
   CHECK(rig.poster.idle());
+}
+
+TEST_CASE("a connection refused by a listening address is reported as rejected", "[unit][poster][probe]") {
+  // Something accepts TCP connections at the peer's address, yet libfabric never connects: the
+  // case of a peer that speaks another wire protocol. The probe starts halfway to the deadline.
+  const int listener = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  REQUIRE(listener >= 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(listener, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0);
+  socklen_t length = sizeof address;
+  REQUIRE(::getsockname(listener, reinterpret_cast<sockaddr*>(&address), &length) == 0);
+  REQUIRE(::listen(listener, 4) == 0);
+
+  Rig rig(4, 100, 200ms);
+  const auto* bytes = reinterpret_cast<const std::uint8_t*>(&address);
+  rig.peers[0].address.assign(bytes, bytes + sizeof address);
+  Operation* op = rig.queue(0);
+  const auto start = std::chrono::steady_clock::now();
+  for (int pass = 0; pass < 2000 && rig.host.failures.empty(); ++pass) {  // at most 20 s
+    rig.host.answers = {-FI_EAGAIN};
+    rig.poster.post_pending(rig.host);
+    std::this_thread::sleep_for(10ms);
+  }
+  ::close(listener);
+  REQUIRE(rig.host.failures.size() == 1);
+  CHECK(rig.host.failures[0] == std::pair{op, make_error_code(dma::errc::connection_rejected)});
+  CHECK(std::chrono::steady_clock::now() - start >= 200ms);
+  CHECK_FALSE(rig.peers[0].probe.started());
 }
 
 TEST_CASE("a broken connection gets a fresh AV entry once its posted transfers are back", "[unit][poster]") {

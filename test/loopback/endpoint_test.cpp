@@ -44,6 +44,48 @@ TEST_CASE("the tcp provider resolves to tcp;ofi_rxm before libfabric 1.18, never
   if (FI_MAJOR(version) == 1 && FI_MINOR(version) < 18) CHECK(provider == "tcp;ofi_rxm");
 }
 
+TEST_CASE("tcp is native from libfabric 1.18 on, rxm where tcp_protocol asks or 1.17 has nothing else",
+          "[loopback][endpoint]") {
+  const bool rxm_only = FI_MAJOR(fi_version()) == 1 && FI_MINOR(fi_version()) < 18;
+  auto configuration = test::loopback_configuration();
+  {
+    dma::Endpoint endpoint;
+    endpoint.open(configuration);
+    CHECK(endpoint.describe().provider == (rxm_only ? "tcp;ofi_rxm" : "tcp"));
+  }
+  configuration.tcp_protocol = dma::TcpProtocol::rxm;
+  {
+    dma::Endpoint endpoint;
+    endpoint.open(configuration);
+    CHECK(endpoint.describe().provider == "tcp;ofi_rxm");
+  }
+  configuration.tcp_protocol = dma::TcpProtocol::native;
+  dma::Endpoint endpoint;
+  if (rxm_only) {
+    try {
+      endpoint.open(configuration);
+      FAIL("native tcp opened on libfabric 1.17");
+    } catch (const std::system_error& error) {
+      CHECK(error.code() == dma::errc::invalid_configuration);
+      CHECK(std::string(error.what()).find("1.18 or later") != std::string::npos);
+    }
+  } else {
+    endpoint.open(configuration);
+    CHECK(endpoint.describe().provider == "tcp");
+  }
+}
+
+TEST_CASE("a tcp endpoint can post 2048 transfers at once on either protocol", "[loopback][endpoint]") {
+  // Native tcp grants 256 unless asked for more; rxm's default is 2048. The library asks.
+  for (const auto protocol : {dma::TcpProtocol::automatic, dma::TcpProtocol::rxm}) {
+    auto configuration = test::loopback_configuration();
+    configuration.tcp_protocol = protocol;
+    dma::Endpoint endpoint;
+    endpoint.open(configuration);
+    CHECK(endpoint.describe().tx_size >= 2048);
+  }
+}
+
 TEST_CASE("credits are clamped by max_in_flight", "[loopback][endpoint]") {
   auto configuration = test::loopback_configuration();
   configuration.max_in_flight = 5;

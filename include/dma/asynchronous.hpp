@@ -374,7 +374,8 @@ class FabricService {
   /// The completion hands back the caller's context and the Outcome: TransferDone on success, or an
   /// error_code: errc::timed_out past the transfer's deadline (Configuration::transfer_deadline or
   /// TransferRequest::deadline), errc::connection_lost when the connection broke under it (tcp also
-  /// reports a rejected key or range this way), errc::connection_refused, errc::peer_unreachable
+  /// reports a rejected key or range this way), errc::connection_refused or
+  /// errc::connection_rejected (no connection within progress_deadline), errc::peer_unreachable
   /// while the peer backs off, errc::shutdown, an operand or advertisement error, or a libfabric
   /// code. It never runs inside submit().
   ///
@@ -451,7 +452,7 @@ class FabricService {
   /// @par Completion Signature
   /// @code void(std::error_code) @endcode
   /// The warm-up's error, as a transfer would report it: an address error, errc::timed_out,
-  /// errc::connection_refused, errc::peer_unreachable, errc::shutdown, ...
+  /// errc::connection_refused, errc::connection_rejected, errc::peer_unreachable, errc::shutdown, ...
   ///
   /// @par Per-Operation Cancellation
   /// As submit(): the warm-up completes with asio::error::operation_aborted.

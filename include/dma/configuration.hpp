@@ -110,7 +110,8 @@ struct Configuration {
   std::optional<std::size_t> crc_pool_threads;
   /// The longest a peer's transfers may keep getting -FI_EAGAIN before the peer is marked
   /// unreachable and its queued transfers fail (errc::connection_refused when it never connected,
-  /// errc::progress_deadline when its connection stopped taking posts). Also the grace period a
+  /// errc::connection_rejected when its address accepts TCP connections but libfabric never
+  /// connected, errc::progress_deadline when its connection stopped taking posts). Also the grace period a
   /// shutdown gives posted transfers before it closes the endpoint.
   std::chrono::nanoseconds progress_deadline = std::chrono::seconds(1);
   /// How long a transfer may take from acceptance to completion, queued and posted, before it

@@ -1,15 +1,11 @@
 // The connect probe against real sockets on 127.0.0.1: a listener, a closed port, no IP address.
 #include "connect_probe.hpp"
 #include "../catch.hpp"
-
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
+#include "local_socket.hpp"
 
 #include <array>
 #include <chrono>
 #include <cstdint>
-#include <cstring>
 #include <thread>
 #include <vector>
 
@@ -17,28 +13,6 @@ using dma::detail::ConnectProbe;
 using namespace std::chrono_literals;
 
 namespace {
-
-// A TCP socket bound to 127.0.0.1 on a port of the kernel's choice, listening or not.
-struct Socket {
-  explicit Socket(bool listening) {
-    fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    REQUIRE(fd >= 0);
-    sockaddr_in address{};
-    address.sin_family = AF_INET;
-    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0);
-    socklen_t length = sizeof address;
-    REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0);
-    if (listening) REQUIRE(::listen(fd, 4) == 0);
-    bytes.resize(sizeof address);
-    std::memcpy(bytes.data(), &address, sizeof address);
-  }
-  Socket(const Socket&) = delete;
-  Socket& operator=(const Socket&) = delete;
-  ~Socket() { ::close(fd); }
-  int fd = -1;
-  std::vector<std::uint8_t> bytes;  ///< the sockaddr_in, as tcp's fi_getname gives it
-};
 
 // Probes until the verdict is no longer `silent` (the connect is still under way), at most 5 s.
 ConnectProbe::Verdict probe(const std::vector<std::uint8_t>& address) {
@@ -57,12 +31,12 @@ ConnectProbe::Verdict probe(const std::vector<std::uint8_t>& address) {
 }  // namespace
 
 TEST_CASE("a probe to a listening address finds it listening", "[unit][probe]") {
-  const Socket listener(true);
+  const test::LocalSocket listener(true);
   CHECK(probe(listener.bytes) == ConnectProbe::Verdict::listening);
 }
 
 TEST_CASE("a probe to a port nobody listens on is refused", "[unit][probe]") {
-  const Socket bound(false);  // holds the port, so no other test takes it, but never listens
+  const test::LocalSocket bound(false);  // holds the port, so no other test takes it, but never listens
   CHECK(probe(bound.bytes) == ConnectProbe::Verdict::refused);
 }
 
@@ -78,8 +52,8 @@ TEST_CASE("a probe to something that is not an IP address does not run", "[unit]
 }
 
 TEST_CASE("a probe started twice keeps the first; reset ends it", "[unit][probe]") {
-  const Socket listener(true);
-  const Socket bound(false);
+  const test::LocalSocket listener(true);
+  const test::LocalSocket bound(false);
   ConnectProbe probe;
   probe.start(listener.bytes);
   REQUIRE(probe.started());

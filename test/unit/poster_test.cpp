@@ -1,14 +1,12 @@
 // The poster against a fake host: credits, turns, FI_MORE, -FI_EAGAIN and stalls.
 #include "poster.hpp"
 #include "../catch.hpp"
-
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
+#include "local_socket.hpp"
 
 #include <array>
 #include <chrono>
 #include <deque>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -156,19 +154,10 @@ TEST_CASE("refusals for progress_deadline mark the peer unreachable and fail its
 TEST_CASE("a connection refused by a listening address is reported as rejected", "[unit][poster][probe]") {
   // Something accepts TCP connections at the peer's address, yet libfabric never connects: the
   // case of a peer that speaks another wire protocol. The probe starts halfway to the deadline.
-  const int listener = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  REQUIRE(listener >= 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(::bind(listener, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0);
-  socklen_t length = sizeof address;
-  REQUIRE(::getsockname(listener, reinterpret_cast<sockaddr*>(&address), &length) == 0);
-  REQUIRE(::listen(listener, 4) == 0);
+  auto listener = std::make_unique<test::LocalSocket>(true);
 
   Rig rig(4, 100, 200ms);
-  const auto* bytes = reinterpret_cast<const std::uint8_t*>(&address);
-  rig.peers[0].address.assign(bytes, bytes + sizeof address);
+  rig.peers[0].address = listener->bytes;
   Operation* op = rig.queue(0);
   const auto start = std::chrono::steady_clock::now();
   for (int pass = 0; pass < 2000 && rig.host.failures.empty(); ++pass) {  // at most 20 s
@@ -176,7 +165,7 @@ TEST_CASE("a connection refused by a listening address is reported as rejected",
     rig.poster.post_pending(rig.host);
     std::this_thread::sleep_for(10ms);
   }
-  ::close(listener);
+  listener.reset();
   REQUIRE(rig.host.failures.size() == 1);
   CHECK(rig.host.failures[0] == std::pair{op, make_error_code(dma::errc::connection_rejected)});
   CHECK(std::chrono::steady_clock::now() - start >= 200ms);

@@ -28,6 +28,20 @@ std::error_code doom_error(Doom doom) noexcept {
   }
 }
 
+std::string doom_detail(const Operation& op) {
+  const std::string handed_back = "; closing its endpoint handed it back";
+  switch (op.doom) {
+    case Doom::deadline:
+      return "posted, and not completed within its deadline of " +
+             duration_text(std::chrono::duration_cast<std::chrono::nanoseconds>(op.deadline - op.accepted)) +
+             handed_back;
+    case Doom::cancelled:
+      return "cancelled while posted" + handed_back;
+    default:
+      return "the service closed while it was posted" + handed_back;
+  }
+}
+
 ErrorSort sort_error(int err, Doom doom) noexcept {
   if (doom != Doom::none) return {doom_error(doom), ErrorSort::PeerFate::untouched};
   // A broken connection says nothing of the peer's health (a rejected transfer tears the

@@ -26,6 +26,10 @@ bool unreachable_error(int err) noexcept;
 /// The error a transfer doomed for `doom` completes with: timed_out, operation_aborted or shutdown.
 std::error_code doom_error(Doom doom) noexcept;
 
+/// What a doomed transfer's outcome says: its deadline (with its length) or its cancellation,
+/// and that closing its endpoint handed it back (not the close's FI_ECANCELED).
+std::string doom_detail(const Operation& op);
+
 /// What an error completion means for its transfer and its peer.
 struct ErrorSort {
   enum class PeerFate : std::uint8_t {

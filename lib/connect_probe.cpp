@@ -26,26 +26,35 @@ void ConnectProbe::start(std::span<const std::uint8_t> address) noexcept {
   if (fd_ < 0) return;
   if (::connect(fd_, reinterpret_cast<const sockaddr*>(&peer), length) == 0) return;  // finish() sees it
   if (errno == EINPROGRESS) return;
-  // Refused at once (loopback): keep the socket, whose pending error finish() reads.
+  // Refused at once (loopback): the answer is in already.
+  answered_ = true;
+  answer_ = errno == ECONNREFUSED ? Verdict::refused : Verdict::silent;
+}
+
+ConnectProbe::Verdict ConnectProbe::peek() noexcept {
+  if (fd_ < 0) return Verdict::none;
+  if (answered_) return answer_;
+  pollfd p{fd_, POLLOUT, 0};
+  if (::poll(&p, 1, 0) != 1) return Verdict::silent;
+  answered_ = true;
+  int error = 0;
+  socklen_t size = sizeof error;
+  if (::getsockopt(fd_, SOL_SOCKET, SO_ERROR, &error, &size) == 0) {
+    if (error == 0) answer_ = Verdict::listening;
+    if (error == ECONNREFUSED) answer_ = Verdict::refused;
+  }
+  return answer_;
 }
 
 ConnectProbe::Verdict ConnectProbe::finish() noexcept {
-  if (fd_ < 0) return Verdict::none;
-  pollfd p{fd_, POLLOUT, 0};
-  Verdict verdict = Verdict::silent;
-  if (::poll(&p, 1, 0) == 1) {
-    int error = 0;
-    socklen_t size = sizeof error;
-    if (::getsockopt(fd_, SOL_SOCKET, SO_ERROR, &error, &size) == 0) {
-      if (error == 0) verdict = Verdict::listening;
-      if (error == ECONNREFUSED) verdict = Verdict::refused;
-    }
-  }
+  const Verdict verdict = peek();
   reset();
   return verdict;
 }
 
 void ConnectProbe::reset() noexcept {
+  answer_ = Verdict::silent;
+  answered_ = false;
   if (fd_ < 0) return;
   ::close(fd_);
   fd_ = -1;

@@ -31,11 +31,15 @@ class ConnectProbe {
   bool started() const noexcept { return fd_ >= 0; }
   /// The verdict so far, without waiting; ends the probe.
   Verdict finish() noexcept;
+  /// The verdict so far, without waiting; the probe goes on (silent) or keeps its answer.
+  Verdict peek() noexcept;
   /// Ends the probe, if any.
   void reset() noexcept;
 
  private:
   int fd_ = -1;
+  Verdict answer_ = Verdict::silent;  ///< what the socket said (SO_ERROR reads only once)
+  bool answered_ = false;
 };
 
 }  // namespace dma::detail

@@ -40,7 +40,9 @@
 #include <asio/io_context.hpp>
 #include <asio/post.hpp>
 
+#include <algorithm>
 #include <optional>
+#include <string_view>
 
 namespace dma::detail {
 namespace {
@@ -85,7 +87,10 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
         registrar_(std::make_shared<StrandCloser<strand_type>>(strand_)),
         ledger_(configuration.transfer_deadline),
         reclaimer_([this](std::error_code& ec) { return endpoint_.replace_endpoint(ec); },
-                   closing_frees_reads_twice(configured_provider(configuration))),
+                   closing_frees_reads_twice(configured_provider(configuration)),
+                   [this](std::uint32_t generation, std::vector<std::vector<std::uint8_t>>& peers) {
+                     read_peers_on(generation, peers);
+                   }),
         watcher_(strand_, configuration_, WaitPolicy::WithoutFd::poll),
         shutdown_(strand_, configuration_.progress_deadline,
                   {endpoint_, peers_, registrar_, ledger_, reclaimer_, poster_, intake_, watcher_, log_}) {
@@ -157,14 +162,21 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
     m.queue_errors += queue_errors_.get();
     m.latency = latency_.snapshot();
     m.segmented = segmented_.get();
+    m.reposted = reposted_.get();
+    m.isolated_retries = isolated_retries_.get();
     return m;
   }
 
   // ---- strand --------------------------------------------------------------------------------
+  // The application vouches for the peer (add_peer): a back-off from an earlier incarnation at
+  // this address ends, where a transfer that merely names the address would find it.
   std::error_code insert_peer(std::uint64_t client_id, std::span<const std::uint8_t> address) override {
     if (!peers_ || shutdown_.stopping()) return errc::not_open;
     std::error_code ec;
     (void)peers_->insert(client_id, address, ec);
+    if (!ec) {
+      if (Peer* peer = peers_->bound(client_id)) peer->flow.forgive();
+    }
     return ec;
   }
   std::error_code pin(std::uintptr_t base, std::size_t length, std::shared_ptr<void> keep_alive) override {
@@ -178,7 +190,8 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
     if (shutdown_.closed()) return;  // a polling pass posted before the endpoint closed: the CQ is gone
     if (event != CqEvent::backstop) return progress(event == CqEvent::poll);
     if (reap() != 0) watcher_.backstop_found();
-    if (ledger_.sweep(Clock::now(), reclaimer_, poster_, *this)) reclaim();
+    const auto now = Clock::now();
+    if (ledger_.sweep(now, reclaimer_, poster_, *this) || reclaimer_.grace_over(now)) reclaim();
     post_pending();
     schedule_progress();
   }
@@ -186,6 +199,7 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
   // The watcher's drain sink.
   void completed(void* context, DrainPlace place) {
     place_ = place;
+    if (context == nullptr) return context_less_success();
     if (PostContext::of(context).segment) return segment_completed(*SegmentSlot::from_context(context));
     Operation* op = Operation::from_context(context);
     returned(op);
@@ -224,7 +238,12 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
     Operation* op = Operation::from_context(entry.op_context);
     returned(op);
     (void)drain_clock();
-    finish_failed(op, entry, error_detail(cq, entry, !reclaimer_.closed(*op)), ledger_, poster_, log_, *this);
+    if (reclaimer_.closed(*op) && op->doom == Doom::none) return hand_back(op) ? 0 : 1;
+    std::string detail = op->doom != Doom::none ? doom_detail(*op) : error_detail(cq, entry, true);
+    const ErrorSort sort = sort_failure(op, entry, detail, poster_, log_, *this);
+    if (sort.peer == ErrorSort::PeerFate::reconnect && retry_alone(op)) return 0;
+    if (op->suspect) detail += "; posted again alone after its connection broke, it failed again";
+    ledger_.finish(op, sort.ec, entry.prov_errno, std::move(detail));
     return 1;
   }
 
@@ -414,6 +433,7 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
   }
   // The provider handed op back (successfully or not): the bookkeeping of a posted transfer.
   void returned(Operation* op) noexcept {
+    if (op->suspect) op->peer->flow.isolating = false;
     if (reclaimer_.returned(*op)) reclaim_due_ = true;
     poster_.returned(op->peer->flow);
   }
@@ -458,7 +478,9 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
     Operation* op = owner_of(slot);
     segment_returned(*op, slot);
     (void)drain_clock();
-    std::string detail = error_detail(cq, entry, !reclaimer_.closed(slot.generation));
+    const bool closed = reclaimer_.closed(slot.generation);
+    if (closed && op->doom == Doom::none && hand_back_segment(*op, slot)) return;
+    std::string detail = op->doom != Doom::none ? doom_detail(*op) : error_detail(cq, entry, !closed);
     const ErrorSort sort = sort_failure(op, entry, detail, poster_, log_, *this);
     if (op->segments->tracker.returned(slot, sort.ec, entry.prov_errno, std::move(detail))) finish_segmented(op);
   }
@@ -469,6 +491,94 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
     if (outcome.ok()) latency_.record(op->accepted, drain_clock());
     ledger_.settle(op, std::move(outcome));
   }
+
+  // ---- posting again ------------------------------------------------------------------------
+  // A replaced endpoint closed for another transfer's sake handed op back unfinished: it goes to
+  // the front of its peer's queue and out on the current endpoint. Writing or reading the same
+  // bytes again is harmless; a write with immediate data is not (the first may have landed and
+  // notified), so it fails. Returns whether op was queued again (false: it completed now).
+  bool hand_back(Operation* op) {
+    if (shutdown_.stopping()) {
+      ledger_.finish(op, errc::shutdown, 0, "the service closed while it was posted");
+      return false;
+    }
+    if (op->request.immediate_data) {
+      ledger_.finish(op, errc::connection_lost, 0, std::string(immediate_data_handed_back));
+      return false;
+    }
+    reposted_.add();
+    requeue(op);
+    op->reposted = true;
+    return true;
+  }
+  // The same for one post of a segmented transfer: it is posted again unless it carried immediate
+  // data. Returns whether it will be.
+  bool hand_back_segment(Operation& op, SegmentSlot& slot) {
+    if (shutdown_.stopping()) return false;
+    const bool was_all_posted = op.segments->tracker.all_posted();
+    if (!segmenter_.hand_back(op, slot)) {
+      if (!op.request.immediate_data) return false;
+      if (op.segments->tracker.returned(slot, errc::connection_lost, 0, std::string(immediate_data_handed_back))) {
+        finish_segmented(&op);
+      }
+      return true;
+    }
+    reposted_.add();
+    op.reposted = true;
+    op.peer->flow.connected = false;
+    if (was_all_posted) poster_.requeue(op.peer->flow, &op);  // out of its queue since its last post
+    return true;
+  }
+  void requeue(Operation* op) {
+    op->posted = false;
+    op->peer->flow.connected = false;
+    poster_.requeue(op->peer->flow, op);
+  }
+  // A transfer failed with its connection: on a shared connection, another transfer (a wrong key
+  // or range, which the target answers by closing the connection) may have broken it. It is posted
+  // again alone once; failing again alone, it is the one the peer rejects. Not a write with
+  // immediate data (it may have notified already) or a segmented transfer, nor past its deadline.
+  bool retry_alone(Operation* op) {
+    if (op->suspect || op->request.immediate_data || op->segments != nullptr || shutdown_.stopping() ||
+        Clock::now() >= op->deadline) {
+      return false;
+    }
+    op->suspect = true;
+    isolated_retries_.add();
+    requeue(op);
+    return true;
+  }
+  // Every peer a read posted on endpoint `generation` still goes to.
+  void read_peers_on(std::uint32_t generation, std::vector<std::vector<std::uint8_t>>& peers) {
+    auto add = [&](const Operation& op) {
+      if (std::find(peers.begin(), peers.end(), op.peer->address) == peers.end()) peers.push_back(op.peer->address);
+    };
+    for (Operation* op = ledger_.oldest(); op != nullptr; op = op->newer) {
+      if (!op->posted || op->request.direction != Direction::FromPeer || op->peer == nullptr) continue;
+      if (op->segments == nullptr) {
+        if (op->generation == generation) add(*op);
+        continue;
+      }
+      bool on_it = false;
+      op->segments->tracker.for_each_in_flight([&](SegmentSlot& slot) { on_it |= slot.generation == generation; });
+      if (on_it) add(*op);
+    }
+  }
+  // A successful entry without an operation: a provider fault, counted and never followed.
+  void context_less_success() {
+    context_less_errors_.add();
+    const std::uint64_t count = context_less_errors_.get();
+    if (log_occurrence(count)) {
+      log_(LogLevel::warning, [&] {
+        return "successful completion without an operation: nothing to complete; " + std::to_string(count) +
+               " entries without an operation so far";
+      });
+    }
+  }
+
+  static constexpr std::string_view immediate_data_handed_back =
+      "its endpoint was closed to hand back another transfer (cancelled or past its deadline) while this write "
+      "with immediate data was in flight: it may have landed and notified, so it is not posted again";
 
   // ---- cancellation, reclaiming -------------------------------------------------------------
   void cancel_outstanding(Operation* op, std::uint64_t sequence) {
@@ -522,7 +632,7 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
   DrainPlace place_ = DrainPlace::last;  ///< of the completion being delivered, inside a drain
   bool drain_stamped_ = false;           ///< accept_clock_ was read in the current drain
   bool reclaim_due_ = false;             ///< a replaced endpoint holds only doomed transfers now
-  Counter joined_pass_, context_less_errors_, queue_errors_, segmented_;
+  Counter joined_pass_, context_less_errors_, queue_errors_, segmented_, reposted_, isolated_retries_;
 };
 
 }  // namespace

@@ -31,6 +31,7 @@ struct PeerFlow {
   bool connected = false;               ///< a transfer completed since the last (re)connect
   bool refresh = false;                 ///< its address-vector entry is replaced before the next post
   bool marked = false;                  ///< scratch for the engine's sweeps
+  bool isolating = false;               ///< a suspect (Operation::suspect) is posted alone: nothing else goes
   Place place = Place::idle;
   PeerFlow* prev = nullptr;
   PeerFlow* next = nullptr;
@@ -41,6 +42,15 @@ struct PeerFlow {
   void succeeded() noexcept {
     markings = 0;
     connected = true;
+  }
+
+  /// The application says the peer is back (add_peer with a fresh advertisement): the back-off
+  /// ends, and the next transfer reconnects on a fresh address-vector entry.
+  void forgive() noexcept {
+    if (markings == 0) return;
+    markings = 0;
+    unreachable_until = {};
+    refresh = true;
   }
 
   /// Marks the peer unreachable for backoff × 2^(markings in a row), at most backoff_max; the next

@@ -100,6 +100,11 @@ class PeerTable {
 
   /// The client's handle, if it holds one.
   std::optional<fi_addr_t> find(std::uint64_t client_id) const;
+  /// The peer client_id is bound to, or null.
+  Peer* bound(std::uint64_t client_id) const noexcept {
+    auto it = by_client_.find(client_id);
+    return it == by_client_.end() ? nullptr : it->second;
+  }
   /// Clients holding the entry that client_id holds (0 if none).
   std::size_t use_count(std::uint64_t client_id) const;
   /// Live AV entries.

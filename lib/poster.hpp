@@ -122,6 +122,14 @@ class Poster {
     if (flow.place == PeerFlow::Place::idle) flows_.ready(flow);
   }
 
+  /// A transfer handed back before it finished goes to the front of its peer's queue, to be
+  /// posted again (Operation::reposted, Operation::suspect).
+  void requeue(PeerFlow& flow, Operation* op) noexcept {
+    flow.queue.push_front(op);
+    ++queued_;
+    if (flow.place == PeerFlow::Place::idle) flows_.ready(flow);
+  }
+
   /// Posts while credits last. A peer that refuses a post (-FI_EAGAIN) is parked until the next
   /// call (which follows the next drain, or the next intake); the others go on.
   template <typename Host>
@@ -251,6 +259,21 @@ class Poster {
     const auto now = Clock::now();
     if (flow.stalled_since == Clock::time_point{}) flow.stalled_since = now;
     Peer& peer = peer_of(flow);
+    const Operation* front = flow.queue.front();
+    if (front != nullptr && (front->reposted || front->suspect)) {
+      // Posted again: the peer answered a moment ago. A refused TCP connection says at once that
+      // it is gone; anything else is a connection forming, or a frozen peer, which holds its
+      // transfers until their deadlines as it did on the endpoint they came back from.
+      peer.probe.start(peer.address);
+      if (peer.probe.peek() == ConnectProbe::Verdict::refused) {
+        peer.probe.reset();
+        return mark_unreachable(flow, now, errc::connection_refused,
+                                "its connection broke and a plain TCP connection to the peer's address is refused: "
+                                "nothing listens there any more",
+                                host);
+      }
+      if (front->reposted) return flows_.park(flow);
+    }
     if (now - flow.stalled_since < limits_.progress_deadline) {
       if (!flow.connected && now - flow.stalled_since >= limits_.progress_deadline / 2) peer.probe.start(peer.address);
       return flows_.park(flow);
@@ -309,6 +332,11 @@ void Poster::post_pending(Host& host) {
     Peer& peer = peer_of(*flow);
     if (flow->refresh && !reconnect(peer, host)) continue;
     Operation* op = flow->queue.front();
+    // A suspect goes alone: nothing else of its peer is in flight while it is (PeerFlow::isolating).
+    if (flow->isolating || (op->suspect && flow->in_flight != 0)) {
+      flows_.remove(*flow);  // rejoins when its transfers in flight come back
+      continue;
+    }
     if (std::error_code ec = host.prepare(*op)) {
       dequeue(*flow);
       host.fail_prepared(op, ec);
@@ -337,6 +365,7 @@ void Poster::post_pending(Host& host) {
       host.posted(*op);
       if (op->segments == nullptr || host.segment_all_posted(*op)) dequeue(*flow);
       op->posted = true;
+      if (op->suspect) flow->isolating = true;
       ++in_flight_;
       ++flow->in_flight;
       posted_.add();

@@ -33,7 +33,7 @@ bool Reclaimer::closed(std::uint32_t generation) const noexcept {
   return g == nullptr || g->closed;
 }
 
-bool Reclaimer::step(std::error_code& ec) {
+bool Reclaimer::step(std::error_code& ec, Clock::time_point now) {
   ec.clear();
   if (current_.doomed != 0 && !current_.closed && retiring_.size() < max_retiring) {
     Endpoint::Retired old = replace_(ec);
@@ -41,6 +41,7 @@ bool Reclaimer::step(std::error_code& ec) {
       Generation retired = std::move(current_);
       retired.endpoint = std::move(old.endpoint);
       retired.cq = std::move(old.cq);
+      retired.replaced_at = now;
       if (cut_reads_) retired.sockets = socket_inodes();
       retiring_.push_back(std::move(retired));
       current_ = Generation{};
@@ -50,7 +51,7 @@ bool Reclaimer::step(std::error_code& ec) {
   }
   bool closed_one = false;
   for (Generation& g : retiring_) {
-    if (g.closed || g.in_flight != g.doomed) continue;
+    if (g.closed || (g.in_flight != g.doomed && now - g.replaced_at < close_grace)) continue;
     close(g);
     closed_one = true;
   }
@@ -72,6 +73,12 @@ void Reclaimer::close_all() noexcept {
 // reads end of stream at the next progress: a half-received read fails there, once, and the
 // connection's queues are flushed before fi_close flushes them again.
 void Reclaimer::close(Generation& g) noexcept {
+  if (cut_reads_ && g.in_flight != g.doomed && read_peers_) {
+    try {
+      read_peers_(g.generation, g.read_peers);
+    } catch (...) {  // out of memory: the close goes ahead cut only for the doomed reads
+    }
+  }
   if (cut_reads_ && !g.read_peers.empty() && shut_down_connections(g.sockets, g.read_peers) != 0 && g.cq) {
     for (int pass = 0; pass < progress_passes_after_cut; ++pass)
       (void)fi_cq_read(g.cq.get(), nullptr, 0);  // progress only: reads no entry

@@ -2,11 +2,13 @@
 // efa-direct cannot cancel a posted RMA, and on tcp;ofi_rxm 1.17 fi_av_remove does not return
 // the writes posted to a frozen or cut-off peer either; only closing the endpoint does. So when a
 // posted transfer is doomed (past its deadline, cancelled), new work moves to a fresh endpoint
-// (with a completion queue of its own) on the same domain and address vector, the old endpoint is
-// still progressed through its queue until it holds nothing but doomed transfers, and then it is
-// closed: the provider returns the rest to the old queue, and only then do their handlers run.
+// (with a completion queue of its own) on the same domain and address vector, and the old one is
+// closed as soon as it holds nothing but doomed transfers, or after a short grace at the latest:
+// a doomed transfer never waits for the others' deadlines. The provider returns what the closed
+// endpoint held to its queue; the doomed ones complete then, and the engine posts the others again
+// on the fresh endpoint (docs/design.md, "Handing back a posted transfer").
 // Where closing may hand a half-received read back twice (lib/connection_cut.hpp), the old
-// endpoint's connections to the peers of its doomed reads are cut first.
+// endpoint's connections to the peers of its reads are cut first.
 #pragma once
 
 #include <dma/detail/fid.hpp>
@@ -18,6 +20,7 @@
 
 #include <rdma/fi_endpoint.h>
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -30,16 +33,26 @@ class Reclaimer {
  public:
   /// Opens the fresh endpoint and returns the one it replaces (Endpoint::replace_endpoint).
   using ReplaceFn = std::function<Endpoint::Retired(std::error_code& ec)>;
+  /// Adds to `peers` the address of every peer a read posted on endpoint `generation` still goes
+  /// to (asked only with cut_reads, when an endpoint closes with transfers that are not doomed).
+  using ReadPeersFn = std::function<void(std::uint32_t generation, std::vector<std::vector<std::uint8_t>>& peers)>;
+  using Clock = std::chrono::steady_clock;
 
   /// At most this many replaced endpoints wait to be closed at once; beyond it, doomed transfers
   /// on the current endpoint wait for a slot.
   static constexpr std::size_t max_retiring = 8;
   /// Progress calls on a replaced endpoint's CQ between cutting its connections and closing it.
   static constexpr int progress_passes_after_cut = 4;
+  /// How long a replaced endpoint waits for its transfers that are not doomed before it closes
+  /// anyway: a healthy peer's transfers complete well within it and are not posted twice; the
+  /// rest are handed back by the close and posted again. It bounds how long a cancelled or expired
+  /// transfer waits for the others.
+  static constexpr std::chrono::milliseconds close_grace{100};
 
   /// With `cut_reads`, a replaced endpoint's connections to the peers of its doomed reads are shut
   /// down, and the endpoint progressed, before it closes.
-  explicit Reclaimer(ReplaceFn replace, bool cut_reads = false) : replace_(std::move(replace)), cut_reads_(cut_reads) {}
+  explicit Reclaimer(ReplaceFn replace, bool cut_reads = false, ReadPeersFn read_peers = {})
+      : replace_(std::move(replace)), read_peers_(std::move(read_peers)), cut_reads_(cut_reads) {}
 
   /// The generation posts go to now.
   std::uint32_t current() const noexcept { return current_.generation; }
@@ -84,8 +97,15 @@ class Reclaimer {
   bool closed(std::uint32_t generation) const noexcept;
 
   /// Replaces the current endpoint when a doomed transfer is on it, and closes every replaced one
-  /// that holds only doomed transfers. Returns true when it closed one (its CQ now holds entries).
-  bool step(std::error_code& ec);
+  /// that holds only doomed transfers, or whose grace is over at `now`. Returns true when it
+  /// closed one (its CQ now holds entries).
+  bool step(std::error_code& ec, Clock::time_point now = Clock::now());
+  /// Whether a replaced endpoint still open has waited its whole grace at `now` (step() closes it).
+  bool grace_over(Clock::time_point now) const noexcept {
+    for (const Generation& g : retiring_)
+      if (!g.closed && now - g.replaced_at >= close_grace) return true;
+    return false;
+  }
   /// Runs f(cq) for the completion queue of every replaced endpoint that may still return entries.
   template <typename F>
   void for_each_retired_cq(F&& f) {
@@ -112,6 +132,7 @@ class Reclaimer {
     std::size_t in_flight = 0;
     std::size_t doomed = 0;
     bool closed = false;
+    Clock::time_point replaced_at{};
     Fid<fid_ep> endpoint;                               // replaced endpoints only; the current ones are the Endpoint's
     Fid<fid_cq> cq;                                     // closed after the endpoint
     std::vector<std::uint64_t> sockets;                 // open when it was replaced (cut_reads_)
@@ -123,6 +144,7 @@ class Reclaimer {
   const Generation* find(std::uint32_t generation) const noexcept;
 
   ReplaceFn replace_;
+  ReadPeersFn read_peers_;
   bool cut_reads_ = false;
   Generation current_;
   std::vector<Generation> retiring_;

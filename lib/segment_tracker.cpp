@@ -63,6 +63,13 @@ bool SegmentTracker::returned(SegmentSlot& slot, std::error_code error, int prov
   return finished();
 }
 
+bool SegmentTracker::hand_back(SegmentSlot& slot) noexcept {
+  if (failed() || !slot.in_flight || slot.index >= window_ || &slots_[slot.index] != &slot) return false;
+  (void)take_back(slot);
+  bytes_posted_ -= slot.bytes;
+  return true;
+}
+
 bool SegmentTracker::fail(std::error_code error, int provider_errno, std::string detail) {
   keep_first(error, provider_errno, std::move(detail));
   return finished();

@@ -60,6 +60,9 @@ class SegmentTracker {
   /// The provider handed `slot` back with `error` (success when empty); the first error is kept,
   /// with its errno and detail. True when that finished the transfer.
   bool returned(SegmentSlot& slot, std::error_code error, int provider_errno = 0, std::string detail = {});
+  /// The provider handed `slot` back unfinished, to be posted again: its bytes count as not
+  /// posted. False (nothing changes) when the transfer failed already or slot was not in flight.
+  bool hand_back(SegmentSlot& slot) noexcept;
   /// Fails the transfer without a post coming back (a post refused, its deadline, a cancellation):
   /// nothing more is posted and the first error is kept. True when nothing is in flight, so the
   /// transfer is finished now.

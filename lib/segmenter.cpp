@@ -89,6 +89,8 @@ std::error_code Segmenter::plan(Operation& op, Describe describe_buffer, void* h
   s.tracker.start(&op, s.plan.total(), window_);
   s.cursor = {};
   s.filled = false;
+  s.redoing = false;
+  s.redo_count = 0;
   return {};
 }
 
@@ -97,7 +99,16 @@ SegmentStep Segmenter::step(Operation& op) noexcept {
   SegmentTracker& tracker = s.tracker;
   if (op.doom != Doom::none || tracker.failed())
     return tracker.in_flight() == 0 ? SegmentStep::stop : SegmentStep::wait;
-  if (tracker.all_posted() || tracker.in_flight() >= tracker.window()) return SegmentStep::wait;
+  if (tracker.in_flight() >= tracker.window()) return SegmentStep::wait;
+  if (s.redo_count != 0) {
+    if (!s.filled) {
+      s.after = s.plan.fill(s.redo[s.redo_count - 1], s.post);
+      s.filled = true;
+      s.redoing = true;
+    }
+    return SegmentStep::post;
+  }
+  if (tracker.all_posted()) return SegmentStep::wait;
   if (!s.filled) {
     s.after = s.plan.fill(s.cursor, s.post);
     s.filled = true;
@@ -110,7 +121,9 @@ SegmentStep Segmenter::step(Operation& op) noexcept {
 
 bool Segmenter::continues(const Operation& op) noexcept {
   const SegmentedTransfer& s = *op.segments;
-  if (!s.filled || s.plan.finished(s.after) || s.tracker.in_flight() + 1 >= s.tracker.window()) return false;
+  if (!s.filled || s.redoing || s.plan.finished(s.after) || s.tracker.in_flight() + 1 >= s.tracker.window()) {
+    return false;
+  }
   // The next one would be the last: with immediate data it waits for this one.
   SegmentPost next;
   return !op.request.immediate_data || !s.plan.finished(s.plan.fill(s.after, next));
@@ -144,9 +157,29 @@ void Segmenter::posted(Operation& op, std::uint32_t generation) noexcept {
   SegmentedTransfer& s = *op.segments;
   SegmentSlot* slot = s.tracker.next_slot();
   if (slot == nullptr) return;
+  s.starts[slot->index] = s.redoing ? s.redo[s.redo_count - 1] : s.cursor;
   s.tracker.posted(*slot, s.post.bytes, generation);
-  s.cursor = s.after;
+  if (s.redoing) {
+    --s.redo_count;
+    s.redoing = false;
+  } else {
+    s.cursor = s.after;
+  }
   s.filled = false;
+}
+
+bool Segmenter::hand_back(Operation& op, SegmentSlot& slot) noexcept {
+  SegmentedTransfer& s = *op.segments;
+  const SegmentCursor start = s.starts[slot.index];
+  if (op.request.immediate_data) {
+    SegmentPost post;
+    if (s.plan.finished(s.plan.fill(start, post))) return false;
+  }
+  if (s.redo_count == s.redo.size() || !s.tracker.hand_back(slot)) return false;
+  s.redo[s.redo_count++] = start;
+  s.filled = false;  // the post filled at cursor, if any, is filled again after the redo
+  s.redoing = false;
+  return true;
 }
 
 Outcome Segmenter::outcome(const Operation& op) {

@@ -20,6 +20,7 @@
 
 #include <rdma/fi_rma.h>
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -37,6 +38,10 @@ struct SegmentedTransfer {
   SegmentCursor after;   ///< where the one after `post` starts, while `filled`
   SegmentPost post;      ///< the next post, filled once and kept across -FI_EAGAIN
   bool filled = false;
+  bool redoing = false;  ///< the filled post is redo[redo_count - 1], not the one at cursor
+  std::array<SegmentCursor, SegmentTracker::max_window> starts{};  ///< where each slot's post in flight began
+  std::array<SegmentCursor, SegmentTracker::max_window> redo{};    ///< posts handed back, to go again first
+  std::size_t redo_count = 0;
   std::vector<LocalSegment> local;
   std::vector<std::span<std::byte>> buffers;  // scratch for OperationFunctions::local_buffers
   std::vector<RemoteSegment> remote;
@@ -77,6 +82,10 @@ class Segmenter {
   static ssize_t post(fid_ep* endpoint, Operation& op, fi_addr_t peer, bool more, std::uint64_t transmit_flag) noexcept;
   /// The provider took the filled post, on endpoint `generation`.
   static void posted(Operation& op, std::uint32_t generation) noexcept;
+  /// The provider handed back op's post in `slot` unfinished (its endpoint closed for another
+  /// transfer's sake): it goes again before any new post. False, and nothing changes, when it may
+  /// not: the transfer failed already, or the post carries immediate data (it may have notified).
+  bool hand_back(Operation& op, SegmentSlot& slot) noexcept;
   /// Every byte of op is in a post the provider took.
   static bool all_posted(const Operation& op) noexcept { return op.segments->tracker.all_posted(); }
 

@@ -142,6 +142,8 @@ struct Metrics {
   std::uint64_t peers_marked_unreachable = 0;  ///< times a peer was marked unreachable (back-off began)
   std::uint64_t reconnects = 0;                ///< fresh address-vector entries for a peer whose connection broke
   std::uint64_t endpoint_replacements = 0;     ///< endpoints replaced to hand back posted transfers
+  std::uint64_t reposted = 0;                  ///< posts handed back by a replaced endpoint's close and posted again
+  std::uint64_t isolated_retries = 0;          ///< transfers posted again alone after another broke their connection
   std::uint64_t context_less_errors = 0;       ///< error entries without an operation (endpoint faults)
   std::uint64_t queue_errors = 0;              ///< fi_cq_read failures that name no operation
   std::uint64_t segmented = 0;        ///< transfers split into several posts (too long for one, or with operand lists)

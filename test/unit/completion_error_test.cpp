@@ -72,3 +72,16 @@ TEST_CASE("a connection error makes the peer's next post reconnect") {
   CHECK(!posted->peer->flow.connected);
   CHECK(rig.poster.marked_unreachable() == 0);
 }
+
+TEST_CASE("a doomed transfer's detail names its deadline or its cancellation, not the endpoint's close") {
+  dma::detail::Operation op;
+  op.accepted = std::chrono::steady_clock::time_point{} + std::chrono::seconds(5);
+  op.deadline = op.accepted + std::chrono::milliseconds(1500);
+  op.doom = Doom::deadline;
+  CHECK(dma::detail::doom_detail(op) ==
+        "posted, and not completed within its deadline of 1500ms; closing its endpoint handed it back");
+  op.doom = Doom::cancelled;
+  CHECK(dma::detail::doom_detail(op) == "cancelled while posted; closing its endpoint handed it back");
+  op.doom = Doom::shutdown;
+  CHECK(dma::detail::doom_detail(op).find("service closed") != std::string::npos);
+}

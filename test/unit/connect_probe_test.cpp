@@ -62,3 +62,20 @@ TEST_CASE("a probe started twice keeps the first; reset ends it", "[unit][probe]
   CHECK_FALSE(probe.started());
   CHECK(probe.finish() == ConnectProbe::Verdict::none);
 }
+
+TEST_CASE("peek gives the verdict so far and the probe goes on; finish gives the same and ends it", "[unit][probe]") {
+  const test::LocalSocket bound(false);
+  ConnectProbe probe;
+  probe.start(bound.bytes);
+  REQUIRE(probe.started());
+  auto verdict = ConnectProbe::Verdict::silent;
+  for (int attempt = 0; attempt < 500 && verdict == ConnectProbe::Verdict::silent; ++attempt) {
+    verdict = probe.peek();
+    if (verdict == ConnectProbe::Verdict::silent) std::this_thread::sleep_for(10ms);
+  }
+  CHECK(verdict == ConnectProbe::Verdict::refused);
+  CHECK(probe.started());
+  CHECK(probe.peek() == ConnectProbe::Verdict::refused);  // the socket's error reads once; the answer stays
+  CHECK(probe.finish() == ConnectProbe::Verdict::refused);
+  CHECK_FALSE(probe.started());
+}

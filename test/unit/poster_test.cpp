@@ -226,3 +226,73 @@ TEST_CASE("immediate data is refused on a read and when wider than cq_data_size"
   request.direction = dma::Direction::FromPeer;
   CHECK(check_immediate_data(request, 8) == dma::errc::immediate_data_on_read);
 }
+
+TEST_CASE("a suspect goes alone: after the peer's other posts return, and nothing follows it until it returns",
+          "[unit][poster]") {
+  Rig rig(8);
+  Operation* a = rig.queue(0);
+  rig.poster.post_pending(rig.host);
+  REQUIRE(rig.host.posts.size() == 1);
+
+  Operation* b = rig.queue(0);
+  Operation& suspect = rig.ops.emplace_back();
+  suspect.peer = &rig.peers[0];
+  suspect.suspect = true;
+  rig.poster.requeue(rig.peers[0].flow, &suspect);  // ahead of b
+  rig.poster.post_pending(rig.host);
+  CHECK(rig.host.posts.size() == 1);  // a is still out: the suspect waits
+
+  a->posted = false;
+  rig.poster.returned(rig.peers[0].flow);
+  rig.poster.post_pending(rig.host);
+  REQUIRE(rig.host.posts.size() == 2);
+  CHECK(rig.host.posts[1].op == &suspect);
+  CHECK(rig.peers[0].flow.isolating);
+  rig.poster.post_pending(rig.host);
+  CHECK(rig.host.posts.size() == 2);  // b waits for the suspect
+
+  rig.peers[0].flow.isolating = false;  // the engine clears it when the suspect comes back
+  rig.poster.returned(rig.peers[0].flow);
+  rig.poster.post_pending(rig.host);
+  REQUIRE(rig.host.posts.size() == 3);
+  CHECK(rig.host.posts[2].op == b);
+}
+
+TEST_CASE("a transfer posted again that meets a refused connection marks its peer unreachable at once",
+          "[unit][poster]") {
+  Rig rig(4, 100, 1h);
+  test::LocalSocket closed(false);  // bound, not listening: a connection is refused
+  rig.peers[0].address = closed.bytes;
+  Operation& again = rig.ops.emplace_back();
+  again.peer = &rig.peers[0];
+  again.reposted = true;
+  rig.poster.requeue(rig.peers[0].flow, &again);
+  // The probe's refusal may take a moment on a loaded machine: retry, bounded.
+  for (int round = 0; round < 200 && rig.host.failures.empty(); ++round) {
+    rig.host.answers.push_back(-FI_EAGAIN);
+    rig.poster.post_pending(rig.host);
+    if (rig.host.failures.empty()) std::this_thread::sleep_for(5ms);
+  }
+  REQUIRE(rig.host.failures.size() == 1);
+  CHECK(rig.host.failures[0].second == dma::errc::connection_refused);
+  CHECK(rig.peers[0].flow.markings == 1);
+}
+
+TEST_CASE("a transfer posted again to a peer that accepts but does not answer waits, parked, past progress_deadline",
+          "[unit][poster]") {
+  Rig rig(4, 100, 1ms);
+  test::LocalSocket listener(true);  // the kernel accepts for it; nobody answers
+  rig.peers[0].address = listener.bytes;
+  Operation& again = rig.ops.emplace_back();
+  again.peer = &rig.peers[0];
+  again.reposted = true;
+  rig.poster.requeue(rig.peers[0].flow, &again);
+  for (int round = 0; round < 20; ++round) {
+    rig.host.answers.push_back(-FI_EAGAIN);
+    rig.poster.post_pending(rig.host);
+    std::this_thread::sleep_for(2ms);
+  }
+  CHECK(rig.host.failures.empty());
+  CHECK(rig.poster.queued() == 1);
+  CHECK(rig.peers[0].flow.markings == 0);
+}

@@ -196,3 +196,42 @@ TEST_CASE("random return orders and errors complete every transfer exactly once"
     if (!failed) REQUIRE(tracker.bytes_done() == total);
   }
 }
+
+TEST_CASE("a post handed back to go again counts as not posted, and the transfer finishes once it went again",
+          "[segment_tracker]") {
+  SegmentTracker tracker;
+  int owner = 0;
+  tracker.start(&owner, 4 * mib, 4);
+  std::vector<SegmentSlot*> posted = post_all_allowed(tracker, mib);
+  REQUIRE(posted.size() == 4);
+  REQUIRE(tracker.all_posted());
+  CHECK_FALSE(tracker.returned(*posted[0]));
+  REQUIRE(tracker.hand_back(*posted[1]));
+  CHECK_FALSE(tracker.all_posted());
+  CHECK(tracker.bytes_posted() == 3 * mib);
+  CHECK_FALSE(tracker.hand_back(*posted[1]));  // not in flight any more
+  CHECK_FALSE(tracker.returned(*posted[2]));
+  CHECK_FALSE(tracker.returned(*posted[3]));
+  CHECK_FALSE(tracker.finished());  // a megabyte still waits to go again
+
+  SegmentSlot* again = tracker.next_slot();
+  REQUIRE(again != nullptr);
+  tracker.posted(*again, mib, 1);
+  CHECK(tracker.all_posted());
+  CHECK(tracker.returned(*again));
+  CHECK(tracker.outcome().ok());
+  CHECK(tracker.outcome().value().bytes == 4 * mib);
+  CHECK(tracker.bytes_done() == 4 * mib);
+}
+
+TEST_CASE("a failed transfer's posts are not handed back to go again", "[segment_tracker]") {
+  SegmentTracker tracker;
+  int owner = 0;
+  tracker.start(&owner, 2 * mib, 2);
+  std::vector<SegmentSlot*> posted = post_all_allowed(tracker, mib);
+  REQUIRE(posted.size() == 2);
+  CHECK_FALSE(tracker.returned(*posted[0], dma::errc::connection_lost));
+  CHECK_FALSE(tracker.hand_back(*posted[1]));
+  CHECK(tracker.returned(*posted[1], dma::errc::connection_lost));
+  CHECK(tracker.outcome().error() == dma::errc::connection_lost);
+}

@@ -91,6 +91,10 @@ struct Operation {
   Operation* newer = nullptr;
   std::uint32_t generation = 0;  ///< the endpoint it was posted on
   bool posted = false;           ///< handed to the provider (otherwise queued)
+  /// Queued again after an endpoint closed under it for another transfer's sake (lib/reclaimer.hpp).
+  bool reposted = false;
+  /// Failed with a broken connection it may not have broken: posted again alone to tell (lib/poster.hpp).
+  bool suspect = false;
   Doom doom = Doom::none;
   std::uint64_t sequence = 0;  ///< tells a recycled address from the operation a canceller saw
 
@@ -114,6 +118,12 @@ class OperationQueue {
       head_ = op;
     }
     tail_ = op;
+    ++size_;
+  }
+  void push_front(Operation* op) noexcept {
+    op->next = head_;
+    head_ = op;
+    if (tail_ == nullptr) tail_ = op;
     ++size_;
   }
   Operation* pop_front() noexcept {

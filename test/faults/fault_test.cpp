@@ -421,6 +421,123 @@ TEST_CASE("co_await (submit || timer) returns soon after the timer for a posted 
   frozen.child->signal(SIGCONT);
 }
 
+// Whether io ran the awaitable race to its end: the raced submit's outcome, and when it returned.
+struct Race {
+  std::size_t index = 9;
+  Clock::time_point returned{};
+  bool finished = false;
+};
+
+TEST_CASE("a posted transfer cancelled by submit || timer returns soon after the timer, whatever else is posted",
+          "[faults][cancel]") {
+  using namespace asio::experimental::awaitable_operators;
+  constexpr int posted = 64;
+  constexpr int healthy_writes = 100;
+  constexpr auto their_deadline = 5s;
+  Peer frozen = Peer::start(1 << 20);
+  Peer healthy = Peer::start(1 << 20);
+  asio::io_context io;
+  auto config = configuration();
+  config.max_in_flight = 128;  // the raced write is posted too, not queued behind the 64
+  Service service(io, config);
+  Ledger ledger;
+  service.submit(write_to(frozen.ad, 1, 4096, -1), ledger.handler(-1));
+  REQUIRE(run_until(
+      io, [&] { return ledger.delivered == 1; }, 10s));
+  frozen.child->signal(SIGSTOP);
+
+  const auto start = Clock::now();
+  for (int id = 0; id < posted; ++id) {
+    auto r = write_to(frozen.ad, 1, 64 * 1024, id);
+    r.deadline = their_deadline;
+    service.submit(std::move(r), ledger.handler(id));
+  }
+  (void)run_until(
+      io, [] { return false; }, 100ms);  // posted
+  Race race;
+  const auto fired = Clock::now() + 2s;
+  asio::co_spawn(
+      io,
+      [&]() -> asio::awaitable<void> {
+        asio::steady_timer timer(io, fired);
+        auto outcome =
+            co_await (service.submit(write_to(frozen.ad, 1, 64 * 1024, 500)) || timer.async_wait(asio::use_awaitable));
+        race.index = outcome.index();
+        race.returned = Clock::now();
+      },
+      [&](std::exception_ptr) { race.finished = true; });
+  // A healthy peer's writes go on meanwhile, one after another.
+  int healthy_next = 1000;
+  service.submit(write_to(healthy.ad, 2, 4096, healthy_next), ledger.handler(healthy_next));
+  REQUIRE(run_until(
+      io,
+      [&] {
+        if (ledger.outcomes.count(healthy_next) != 0 && healthy_next < 1000 + healthy_writes - 1) {
+          ++healthy_next;
+          service.submit(write_to(healthy.ad, 2, 4096, healthy_next), ledger.handler(healthy_next));
+        }
+        return race.finished && ledger.outcomes.count(1000 + healthy_writes - 1) != 0;
+      },
+      20s));
+  CHECK(race.index == 1);
+  INFO("returned " << std::chrono::duration_cast<std::chrono::milliseconds>(race.returned - fired).count()
+                   << " ms after the timer");
+  CHECK(race.returned - fired < (address_sanitizer ? 5s : 1s));
+  CHECK(ledger.count_if(1000, healthy_writes, is_ok) == static_cast<std::size_t>(healthy_writes));
+
+  // The 64 others still complete, once each, at their own deadline.
+  REQUIRE(run_until(
+      io, [&] { return ledger.delivered == 1 + posted + healthy_writes; }, 20s));
+  CHECK(ledger.exactly_once(0, posted));
+  CHECK(ledger.count_if(0, posted, is_timed_out) == static_cast<std::size_t>(posted));
+  for (int id = 0; id < posted; ++id)
+    CHECK(ledger.at[id] - start >= their_deadline);
+  INFO("a late one: " << ledger.of(0).message());
+  CHECK(ledger.of(0).message().find("deadline") != std::string::npos);
+  CHECK(service.metrics().reposted >= 1);
+  CHECK(service.outstanding() == 0);
+  frozen.child->signal(SIGCONT);
+}
+
+TEST_CASE("a posted transfer's 1 s deadline holds among 64 posted with 30 s deadlines; they land once the peer resumes",
+          "[faults][deadline]") {
+  constexpr int posted = 64;
+  Peer frozen = Peer::start(1 << 20);
+  asio::io_context io;
+  auto config = configuration();  // the default 30 s deadline
+  config.max_in_flight = 128;     // the short one is posted too, not queued behind the 64
+  Service service(io, config);
+  Ledger ledger;
+  service.submit(write_to(frozen.ad, 1, 4096, -1), ledger.handler(-1));
+  REQUIRE(run_until(
+      io, [&] { return ledger.delivered == 1; }, 10s));
+  frozen.child->signal(SIGSTOP);
+  for (int id = 0; id < posted; ++id)
+    service.submit(write_to(frozen.ad, 1, 64 * 1024, id), ledger.handler(id));
+  (void)run_until(
+      io, [] { return false; }, 100ms);  // posted
+  auto short_one = write_to(frozen.ad, 1, 64 * 1024, 100);
+  short_one.deadline = 1s;
+  const auto start = Clock::now();
+  service.submit(std::move(short_one), ledger.handler(100));
+  REQUIRE(run_until(
+      io, [&] { return ledger.outcomes.count(100) != 0; }, 20s));
+  INFO(ledger.of(100).message());
+  CHECK(is_timed_out(ledger.of(100)));
+  CHECK(ledger.at[100] - start < (address_sanitizer ? 6s : 2s));
+  CHECK(ledger.of(100).message().find("deadline of 1s") != std::string::npos);
+  CHECK(ledger.delivered == 2);  // the others wait for their own deadline
+
+  // Resumed, the peer takes them on the fresh endpoint: each completes once.
+  frozen.child->signal(SIGCONT);
+  REQUIRE(run_until(
+      io, [&] { return ledger.delivered == 2 + posted; }, 25s));
+  CHECK(ledger.exactly_once(0, posted));
+  INFO("one of them: " << ledger.of(0).message());
+  CHECK(ledger.count_if(0, posted, is_ok) == static_cast<std::size_t>(posted));
+  CHECK(service.outstanding() == 0);
+}
+
 TEST_CASE("close() with writes posted to a frozen peer delivers each within progress_deadline plus 2 s",
           "[faults][shutdown]") {
   Peer frozen = Peer::start(1 << 20);
@@ -514,6 +631,103 @@ TEST_CASE("a write with a wrong key fails alone; the next correct write to that 
       io, [&] { return ledger.delivered == 6; }, 10s));
   CHECK(ledger.of(5).ok());
   CHECK(service.metrics().peers_marked_unreachable == 0);
+}
+
+TEST_CASE("one client's wrong keys fail alone while another client writes 1,000 times to the same target",
+          "[faults][hostile]") {
+  constexpr int total = 1000;
+  constexpr int wrong = 5;
+  constexpr std::size_t size = 64 * 1024;
+  Peer peer = Peer::start(size);
+  asio::io_context io;
+  Service service(io, configuration());
+  Ledger ledger;
+  // Client 2 keeps 32 writes in flight; client 1 sends a wrong key every 150 completions.
+  int next = 0, wrong_sent = 0;
+  auto top_up = [&] {
+    const auto in_flight = [&] { return next + wrong_sent - static_cast<int>(ledger.delivered); };
+    while (next < total && in_flight() < 32) {
+      service.submit(write_to(peer.ad, 2, size, next), ledger.handler(next));
+      ++next;
+    }
+    if (wrong_sent < wrong && static_cast<int>(ledger.delivered) >= 150 * (wrong_sent + 1)) {
+      auto bad = write_to(peer.ad, 1, 4096, 5000 + wrong_sent);
+      bad.remote_key ^= 0x5a5a;
+      service.submit(std::move(bad), ledger.handler(5000 + wrong_sent));
+      ++wrong_sent;
+    }
+  };
+  REQUIRE(run_until(
+      io,
+      [&] {
+        top_up();
+        return ledger.delivered == static_cast<std::size_t>(total + wrong);
+      },
+      60s));
+  CHECK(ledger.exactly_once(0, total));
+  CHECK(ledger.exactly_once(5000, wrong));
+  for (int id = 0; id < total; ++id) {
+    if (ledger.of(id).ok()) continue;
+    FAIL_CHECK("write " << id << " failed: " << ledger.of(id).message());
+    break;
+  }
+  CHECK(ledger.count_if(0, total, is_ok) == static_cast<std::size_t>(total));
+  for (int id = 5000; id < 5000 + wrong; ++id) {
+    INFO(ledger.of(id).message());
+    CHECK(ledger.of(id).error() == dma::errc::connection_lost);
+  }
+  CHECK(service.metrics().peers_marked_unreachable == 0);
+  INFO("posted again alone: " << service.metrics().isolated_retries);
+  CHECK(service.metrics().isolated_retries >= static_cast<std::uint64_t>(wrong));  // each wrong key once, at least
+  CHECK(service.outstanding() == 0);
+}
+
+TEST_CASE("add_peer with a restarted peer's advertisement ends its back-off at once", "[faults][kill]") {
+  auto config = configuration();
+  config.progress_deadline = 300ms;
+  config.unreachable_backoff = 30s;  // far longer than the test: only add_peer can end it
+  config.unreachable_backoff_max = 30s;
+  std::optional<Peer> peer;
+  std::uint16_t port = 0;
+  std::mt19937 random(static_cast<unsigned>(getpid()) ^ 0x9e37u);
+  for (int attempt = 0; attempt < 20 && !peer; ++attempt) {
+    port = static_cast<std::uint16_t>(20000 + random() % 30000);
+    Peer candidate = Peer::start(4096, port);
+    if (candidate.port() == port) peer = std::move(candidate);
+  }
+  REQUIRE(peer);
+  asio::io_context io;
+  Service service(io, config);
+  Ledger ledger;
+  service.submit(write_to(peer->ad, 1, 4096, 0), ledger.handler(0));
+  REQUIRE(run_until(
+      io, [&] { return ledger.delivered == 1; }, 10s));
+  REQUIRE(ledger.of(0).ok());
+  peer->child->kill_now();
+  // Writes fail until one finds the peer backing off.
+  int id = 1;
+  for (; id < 10; ++id) {
+    service.submit(write_to(peer->ad, 1, 4096, id), ledger.handler(id));
+    REQUIRE(run_until(
+        io, [&] { return ledger.outcomes.count(id) != 0; }, 10s));
+    INFO(ledger.of(id).message());
+    REQUIRE_FALSE(ledger.of(id).ok());
+    if (ledger.of(id).error() == dma::errc::peer_unreachable) break;
+  }
+  REQUIRE(id < 10);
+
+  Peer restarted = Peer::start(4096, port);
+  REQUIRE(restarted.port() == port);
+  std::optional<std::error_code> added;
+  service.add_peer(1, restarted.ad.address, [&](std::error_code ec) { added = ec; });
+  REQUIRE(run_until(
+      io, [&] { return added.has_value(); }, 10s));
+  CHECK_FALSE(*added);
+  service.submit(write_to(restarted.ad, 1, 4096, 100), ledger.handler(100));
+  REQUIRE(run_until(
+      io, [&] { return ledger.outcomes.count(100) != 0; }, 10s));
+  INFO(ledger.of(100).message());
+  CHECK(ledger.of(100).ok());
 }
 
 TEST_CASE("a service that cannot open returns or throws its error and the process goes on", "[faults][start]") {

@@ -538,6 +538,99 @@ TEST_CASE("a posted transfer's 1 s deadline holds among 64 posted with 30 s dead
   CHECK(service.outstanding() == 0);
 }
 
+TEST_CASE("a segmented write handed back by another's deadline goes again and lands whole once the peer resumes",
+          "[faults][deadline][segments]") {
+  constexpr std::size_t size = 16 << 20;
+  Peer frozen = Peer::start(size);
+  Peer other = Peer::start(4096);  // frozen too; the short write goes there (behind the segmented
+                                   // one, in its peer's queue, it would never be posted)
+  asio::io_context io;
+  auto config = configuration();
+  config.max_segment_bytes = 1 << 20;
+  Service service(io, config);
+  Ledger ledger;
+  service.submit(write_to(frozen.ad, 1, 4096, -1), ledger.handler(-1));
+  service.submit(write_to(other.ad, 2, 4096, -2), ledger.handler(-2));
+  REQUIRE(run_until(
+      io, [&] { return ledger.delivered == 2; }, 10s));
+  frozen.child->signal(SIGSTOP);
+  other.child->signal(SIGSTOP);
+
+  auto big = write_to(frozen.ad, 1, size, 0);
+  for (std::size_t i = 0; i < size; ++i)
+    big.caller_context.bytes[i] = static_cast<std::byte>((i * 7 + i / 4096) & 0xff);
+  const std::vector<std::byte> expected = big.caller_context.bytes;
+  service.submit(std::move(big), ledger.handler(0));
+  (void)run_until(
+      io, [] { return false; }, 100ms);  // its first posts are out
+  auto short_one = write_to(other.ad, 2, 4096, 1);
+  short_one.deadline = 300ms;
+  service.submit(std::move(short_one), ledger.handler(1));
+  REQUIRE(run_until(
+      io, [&] { return ledger.outcomes.count(1) != 0; }, 20s));
+  CHECK(is_timed_out(ledger.of(1)));
+  CHECK(ledger.outcomes.count(0) == 0);
+  CHECK(service.metrics().reposted >= 1);
+
+  frozen.child->signal(SIGCONT);
+  other.child->signal(SIGCONT);
+  REQUIRE(run_until(
+      io, [&] { return ledger.outcomes.count(0) != 0; }, 30s));
+  INFO(ledger.of(0).message());
+  REQUIRE(ledger.of(0).ok());
+  CHECK(ledger.exactly_once(0, 2));
+
+  // Read it back: every byte of the segmented write is there.
+  dma::TransferRequest<Payload> read;
+  read.client_id = 1;
+  read.set_peer(frozen.ad);
+  read.direction = dma::Direction::FromPeer;
+  read.length = size;
+  service.submit(std::move(read), [&](dma::Completion<Payload> c) {
+    INFO(c.outcome.message());
+    REQUIRE(c.outcome.ok());
+    CHECK(std::equal(c.caller_context.bytes.begin(), c.caller_context.bytes.end(), expected.begin()));
+    ++ledger.delivered;
+  });
+  REQUIRE(run_until(
+      io, [&] { return ledger.delivered == 5; }, 10s));
+  CHECK(service.outstanding() == 0);
+}
+
+TEST_CASE("a write with immediate data handed back by another's deadline fails, never posted twice",
+          "[faults][deadline][notification]") {
+  Peer frozen = Peer::start(1 << 20);
+  asio::io_context io;
+  Service service(io, configuration());
+  Ledger ledger;
+  service.submit(write_to(frozen.ad, 1, 4096, -1), ledger.handler(-1));
+  REQUIRE(run_until(
+      io, [&] { return ledger.delivered == 1; }, 10s));
+  frozen.child->signal(SIGSTOP);
+  auto notifying = write_to(frozen.ad, 1, 64 * 1024, 0);
+  notifying.immediate_data = 42;
+  service.submit(std::move(notifying), ledger.handler(0));
+  service.submit(write_to(frozen.ad, 1, 64 * 1024, 1), ledger.handler(1));
+  (void)run_until(
+      io, [] { return false; }, 100ms);  // posted
+  auto short_one = write_to(frozen.ad, 1, 4096, 2);
+  short_one.deadline = 300ms;
+  service.submit(std::move(short_one), ledger.handler(2));
+  REQUIRE(run_until(
+      io, [&] { return ledger.outcomes.count(2) != 0 && ledger.outcomes.count(0) != 0; }, 20s));
+  CHECK(is_timed_out(ledger.of(2)));
+  INFO(ledger.of(0).message());
+  CHECK(ledger.of(0).error() == dma::errc::connection_lost);
+  CHECK(ledger.of(0).message().find("immediate data") != std::string::npos);
+  CHECK(ledger.outcomes.count(1) == 0);  // the plain write goes again, and waits for its deadline
+
+  frozen.child->signal(SIGCONT);
+  REQUIRE(run_until(
+      io, [&] { return ledger.delivered == 4; }, 30s));
+  CHECK(ledger.of(1).ok());
+  CHECK(ledger.exactly_once(0, 3));
+}
+
 TEST_CASE("close() with writes posted to a frozen peer delivers each within progress_deadline plus 2 s",
           "[faults][shutdown]") {
   Peer frozen = Peer::start(1 << 20);

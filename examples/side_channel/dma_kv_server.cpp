@@ -229,6 +229,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     std::error_code ec;
     peer_ = socket_.remote_endpoint(ec).address();
     socket_.set_option(tcp::no_delay(true), ec);
+    socket_.non_blocking(true, ec);
   }
   ~Connection() { release_output(); }
 
@@ -317,8 +318,22 @@ class Connection : public std::enable_shared_from_this<Connection> {
   dma::PeerAddress fabric_address_;
 };
 
-// Writes the pending replies with one gathering write, and notes how many bytes are still unwritten
-// for the output limit.
+// The buffers after their first n bytes.
+std::vector<asio::const_buffer> skip(const std::vector<asio::const_buffer>& buffers, std::size_t n) {
+  std::vector<asio::const_buffer> rest;
+  rest.reserve(buffers.size());
+  for (const auto& b : buffers) {
+    if (n >= b.size()) {
+      n -= b.size();
+    } else {
+      rest.push_back(b + n);
+      n = 0;
+    }
+  }
+  return rest;
+}
+
+// Writes the pending replies with one gathering write.
 asio::awaitable<bool> Connection::flush() {
   if (out_.empty()) co_return true;
   std::vector<asio::const_buffer> buffers;
@@ -339,14 +354,23 @@ asio::awaitable<bool> Connection::flush() {
   // for the idle timeout.
   if (total >= server_.options_.client_output_limit) output_over_since_.store(now_ns(), std::memory_order_relaxed);
   idle_since_.store(now_ns(), std::memory_order_relaxed);
-  auto [ec, n] = co_await asio::async_write(
-      socket_, buffers,
-      [this, last = std::size_t{0}](const std::error_code& e, std::size_t written) mutable -> std::size_t {
-        if (written > last) idle_since_.store(now_ns(), std::memory_order_relaxed);
-        last = written;
-        return asio::transfer_all()(e, written);
-      },
-      tuple_awaitable);
+  // Most batches fit the socket's send buffer: written from here, with no completion through the
+  // scheduler. What does not fit goes out asynchronously.
+  std::error_code ec;
+  std::size_t written = 0;
+  while (written < total && !ec)
+    written += socket_.write_some(skip(buffers, written), ec);
+  if (ec == asio::error::would_block || ec == asio::error::try_again) {
+    auto [failed, rest] = co_await asio::async_write(
+        socket_, skip(buffers, written),
+        [this, last = std::size_t{0}](const std::error_code& e, std::size_t now) mutable -> std::size_t {
+          if (now > last) idle_since_.store(now_ns(), std::memory_order_relaxed);
+          last = now;
+          return asio::transfer_all()(e, now);
+        },
+        tuple_awaitable);
+    ec = failed;
+  }
   idle_since_.store(0, std::memory_order_relaxed);
   output_over_since_.store(0, std::memory_order_relaxed);
   release_output();

@@ -503,6 +503,16 @@ asio::awaitable<bool> Connection::execute(std::span<const std::string_view> argu
   co_return true;
 }
 
+// A value's storage as a region without registering it, for providers that need no registration of
+// local buffers (tcp): a transfer's operand in it then binds no memory registration, and the value
+// skips register_region's trip through the service's executors.
+kv::Region unregistered_region(kv::Buffer buffer) {
+  auto storage = std::make_shared<kv::Buffer>(std::move(buffer));
+  const auto base = reinterpret_cast<std::uintptr_t>(storage->begin());
+  const auto end = reinterpret_cast<std::uintptr_t>(storage->end());
+  return kv::Region::adopt(std::move(storage), base, end);
+}
+
 asio::awaitable<void> Connection::set_inline(std::string_view key, std::string_view value) {
   auto& store = server_.store_;
   if (value.size() > server_.options_.max_value) {
@@ -515,8 +525,14 @@ asio::awaitable<void> Connection::set_inline(std::string_view key, std::string_v
   if (!value.empty()) {
     auto buffer = kv::Buffer::allocate(server_.values_, value.size(), kv::Buffer::Fill::overwritten);
     if (!buffer) co_return out_of_memory();
-    auto [ec, region] = co_await server_.service_.register_region(std::move(*buffer), tuple_awaitable);
-    if (ec) co_return error("ERR registering " + std::to_string(value.size()) + " bytes: " + ec.message());
+    kv::Region region;
+    if (server_.info_.requires_local_mr) {
+      auto [ec, registered] = co_await server_.service_.register_region(std::move(*buffer), tuple_awaitable);
+      if (ec) co_return error("ERR registering " + std::to_string(value.size()) + " bytes: " + ec.message());
+      region = std::move(registered);
+    } else {
+      region = unregistered_region(std::move(*buffer));
+    }
     std::memcpy(region.bytes().data(), value.data(), value.size());
     stored.region = std::move(region);
   }
@@ -618,8 +634,14 @@ asio::awaitable<void> Connection::dma_set(std::span<const std::string_view> argu
   // 1.17's tcp does, for a short read response) leaves zeros, never a former value's bytes.
   auto buffer = kv::Buffer::allocate(server_.values_, length, kv::Buffer::Fill::zeroed);
   if (!buffer) co_return out_of_memory();
-  auto [registered, region] = co_await server_.service_.register_region(std::move(*buffer), tuple_awaitable);
-  if (registered) co_return error("ERR registering " + std::to_string(length) + " bytes: " + registered.message());
+  kv::Region region;
+  if (server_.info_.requires_local_mr) {
+    auto [ec, registered] = co_await server_.service_.register_region(std::move(*buffer), tuple_awaitable);
+    if (ec) co_return error("ERR registering " + std::to_string(length) + " bytes: " + ec.message());
+    region = std::move(registered);
+  } else {
+    region = unregistered_region(std::move(*buffer));
+  }
   dma::TransferRequest<Slot> request;
   request.client_id = client_id_;
   request.peer_address = fabric_address_;

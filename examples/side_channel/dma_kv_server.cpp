@@ -202,7 +202,7 @@ class InputBuffer {
       data_.reset();
     } else {
       auto grown = std::make_unique_for_overwrite<char[]>(size);
-      std::memcpy(grown.get(), data_.get() + begin_, end_ - begin_);
+      if (end_ > begin_) std::memcpy(grown.get(), data_.get() + begin_, end_ - begin_);
       data_ = std::move(grown);
     }
     end_ -= begin_;

@@ -198,6 +198,7 @@ TEST_CASE("values held for clients that never read count against --max-memory", 
   Server server({"--max-memory", std::to_string(max_memory), "--max-value", std::to_string(4 << 20)});
   const auto before = settled_rss_kib(server.pid());
   Resp writer(server.port());
+  Resp probe(server.port());
   std::vector<std::unique_ptr<Resp>> stuck;
   int ok = 0;
   int oom = 0;
@@ -210,8 +211,14 @@ TEST_CASE("values held for clients that never read count against --max-memory", 
     std::string gets;
     for (int i = 0; i < 8; ++i)
       gets += "*2\r\n$3\r\nGET\r\n$1\r\nk\r\n";
+    const auto before_gets = info_value(probe, "commands_processed");
     stuck.back()->send_raw(gets);
-    std::this_thread::sleep_for(20ms);
+    // Until its first GET has run (each reading of the count is a command of its own).
+    const auto deadline = std::chrono::steady_clock::now() + 20s;
+    for (std::uint64_t polls = 1; info_value(probe, "commands_processed") < before_gets + polls + 1 &&
+                                  std::chrono::steady_clock::now() < deadline;
+         ++polls)
+      std::this_thread::sleep_for(5ms);
   }
   CHECK(ok + oom == 16);
   CHECK(oom > 0);
@@ -222,7 +229,7 @@ TEST_CASE("values held for clients that never read count against --max-memory", 
   if (!address_sanitizer) CHECK(after < before + (max_memory >> 10) + 16 * 1024);
   // The stuck readers go, and so does the memory they held.
   stuck.clear();
-  CHECK(wait_for_info(server.port(), "connected_clients", 2) == 2);
+  CHECK(wait_for_info(server.port(), "connected_clients", 3) == 3);
   CHECK(wait_for_info(server.port(), "value_memory", 4 << 20) == 4 << 20);
   CHECK(writer.command({"SET", "k", "small"}).text == "OK");
 }

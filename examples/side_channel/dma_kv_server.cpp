@@ -20,6 +20,7 @@
 #include <asio/use_awaitable.hpp>
 #include <asio/write.hpp>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -45,6 +46,10 @@ struct Options {
   std::size_t max_value = std::size_t{16} << 20;
   std::size_t max_memory = std::size_t{1} << 30;
   std::size_t max_clients = 1024;
+  std::size_t max_client_buffers = std::size_t{1} << 30;  ///< every connection's input and output buffers
+  std::size_t client_output_limit = std::size_t{1} << 20;
+  unsigned client_output_seconds = 60;
+  unsigned idle_timeout = 0;  ///< seconds; 0: never
   bool allow_any_fabric_host = false;
   std::string config;                      // a TOML file's [dma-libfabric] table, applied first
   std::uint64_t transfer_deadline_ms = 0;  // 0: the configuration's (30 s by default)
@@ -77,6 +82,10 @@ struct Counters {
   std::atomic<std::uint64_t> dma_clients{0};     ///< connections past DMA.HELLO now
   std::atomic<std::uint64_t> sets_in_flight{0};  ///< DMA.SET transfers submitted and not completed
   std::atomic<std::uint64_t> gets_in_flight{0};
+  std::atomic<std::uint64_t> closed_idle{0};          ///< by --idle-timeout
+  std::atomic<std::uint64_t> closed_output{0};        ///< replies stalled past the output limit
+  std::atomic<std::uint64_t> closed_input_budget{0};  ///< input buffer could not grow
+  std::atomic<std::uint64_t> oom_replies{0};
 };
 
 // Counts one transfer in flight while it lives.
@@ -98,10 +107,11 @@ class Server {
   Server(asio::io_context& io, const Options& options, const dma::Configuration& configuration)
       : io_(io),
         options_(options),
+        values_(std::make_shared<kv::Budget>(options.max_memory)),
+        client_buffers_(options.max_client_buffers),
         service_(io, configuration),
         info_(service_.describe()),
         acceptor_(io, tcp::endpoint(asio::ip::make_address(options.bind), options.port)),
-        store_(options.max_memory),
         started_(std::chrono::steady_clock::now()) {
     // A bulk somewhat over the value limit still parses, so SET can answer it with an error.
     limits_.max_bulk = options.max_value + 64 * 1024;
@@ -110,11 +120,18 @@ class Server {
 
   std::uint16_t port() const { return acceptor_.local_endpoint().port(); }
   asio::awaitable<void> accept();
+  asio::awaitable<void> refuse(tcp::socket socket);
+  asio::awaitable<void> sweep();
   asio::awaitable<void> stop();
   std::string info() const;
 
   asio::io_context& io_;
   const Options options_;
+  // Declared before the service: value storage can outlive a registration, never the budget.
+  const std::shared_ptr<kv::Budget> values_;  ///< every value's storage alive (--max-memory)
+  kv::Budget client_buffers_;                 ///< input and output buffers (--max-client-buffers)
+  std::atomic<std::size_t> input_bytes_{0};
+  std::atomic<std::size_t> output_bytes_{0};
   Service service_;
   const dma::EndpointInfo info_;
   tcp::acceptor acceptor_;
@@ -122,22 +139,99 @@ class Server {
   kv::resp::Limits limits_;
   Counters counters_;
   std::atomic<std::uint64_t> next_client_id_{1};
+  std::atomic<unsigned> refusing_{0};  ///< refused connections still draining their input
   const std::chrono::steady_clock::time_point started_;
 
   mutable std::mutex connections_mutex_;
   std::set<std::shared_ptr<Connection>> connections_;
 };
 
-// One RESP connection, served by one coroutine on its own strand: commands run one at a time, in
-// order, each with its transfer awaited before the next is read.
+// Nanoseconds on the steady clock, for times one thread writes and the sweeper reads.
+std::int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// A connection's input buffer: it grows as bytes arrive (doubling when full, never from a length a
+// request declares), its capacity charged to the server's client-buffer budget.
+class InputBuffer {
+ public:
+  static constexpr std::size_t initial = 16 * 1024;
+
+  InputBuffer(kv::Budget& budget, std::atomic<std::size_t>& gauge) : budget_(budget), gauge_(gauge) {
+    resize(initial, true);
+  }
+  ~InputBuffer() { resize(0, true); }
+  InputBuffer(const InputBuffer&) = delete;
+  InputBuffer& operator=(const InputBuffer&) = delete;
+
+  std::string_view pending() const { return {data_.get() + begin_, end_ - begin_}; }
+  void consume(std::size_t n) { begin_ += n; }
+  asio::mutable_buffer free_space() { return asio::buffer(data_.get() + end_, size_ - end_); }
+  void commit(std::size_t n) { end_ += n; }
+
+  /// Makes room for more input, up to `limit` bytes of buffer. False when the buffer is full at
+  /// the limit, or the budget has no room for it to grow.
+  bool make_room(std::size_t limit) {
+    const std::size_t pending = end_ - begin_;
+    if (begin_ > 0 && (end_ == size_ || begin_ > size_ / 2)) {
+      std::memmove(data_.get(), data_.get() + begin_, pending);
+      begin_ = 0;
+      end_ = pending;
+    }
+    if (pending == 0 && size_ > (std::size_t{1} << 20)) resize(initial, true);
+    if (end_ < size_) return true;
+    if (size_ >= limit) return false;
+    return resize(std::min(limit, size_ * 2), false);
+  }
+
+ private:
+  bool resize(std::size_t size, bool force) {
+    if (size > size_) {
+      if (force) {
+        budget_.charge(size - size_);
+      } else if (!budget_.try_charge(size - size_)) {
+        return false;
+      }
+      gauge_ += size - size_;
+    } else {
+      budget_.release(size_ - size);
+      gauge_ -= size_ - size;
+    }
+    if (size == 0) {
+      data_.reset();
+    } else {
+      auto grown = std::make_unique_for_overwrite<char[]>(size);
+      if (end_ > begin_) std::memcpy(grown.get(), data_.get() + begin_, end_ - begin_);
+      data_ = std::move(grown);
+    }
+    end_ -= begin_;
+    begin_ = 0;
+    size_ = size;
+    return true;
+  }
+
+  kv::Budget& budget_;
+  std::atomic<std::size_t>& gauge_;
+  std::unique_ptr<char[]> data_;
+  std::size_t size_ = 0;
+  std::size_t begin_ = 0;  ///< first unparsed byte
+  std::size_t end_ = 0;    ///< one past the last received byte
+};
+
+// One RESP connection, served by one coroutine on its own strand. Commands run one at a time, in
+// order, each with its transfer awaited before the next; the replies of every complete command in
+// the input are written together, in batches of at most `output_batch` bytes (plus one reply).
 class Connection : public std::enable_shared_from_this<Connection> {
  public:
-  Connection(Server& server, tcp::socket socket) : server_(server), socket_(std::move(socket)) {
+  Connection(Server& server, tcp::socket socket)
+      : server_(server), socket_(std::move(socket)), input_(server.client_buffers_, server.input_bytes_) {
     std::error_code ec;
     peer_ = socket_.remote_endpoint(ec).address();
     socket_.set_option(tcp::no_delay(true), ec);
-    buffer_.resize(initial_buffer);
+    socket_.non_blocking(true, ec);
   }
+  ~Connection() { release_output(); }
 
   asio::awaitable<void> run();
   tcp::socket::executor_type executor() { return socket_.get_executor(); }
@@ -148,11 +242,24 @@ class Connection : public std::enable_shared_from_this<Connection> {
       self->socket_.close(ec);
     });
   }
+  /// True the first time only: the sweeper closes and counts a connection once.
+  bool sweep_once() { return !swept_.exchange(true); }
+  /// Nanoseconds since it started waiting for a request, or since its reply last made progress
+  /// (0: busy with a command).
+  std::int64_t idle_since() const { return idle_since_.load(std::memory_order_relaxed); }
+  /// Nanoseconds since it started writing a reply batch of --client-output-limit bytes or more
+  /// (0: none).
+  std::int64_t output_over_since() const { return output_over_since_.load(std::memory_order_relaxed); }
 
  private:
-  static constexpr std::size_t initial_buffer = 16 * 1024;
+  static constexpr std::size_t output_batch = 64 * 1024;
 
-  bool make_room(std::size_t needed);
+  // A value written after out_'s first `text_end` bytes (and before the rest).
+  struct Payload {
+    std::size_t text_end;
+    kv::Value value;
+  };
+
   asio::awaitable<bool> execute(std::span<const std::string_view> arguments);
   asio::awaitable<void> hello(std::string_view address_hex);
   asio::awaitable<void> dma_set(std::span<const std::string_view> arguments);
@@ -162,6 +269,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void error(std::string_view text) {
     ++server_.counters_.error_replies;
     kv::resp::append_error(out_, text);
+  }
+  void out_of_memory() {
+    ++server_.counters_.oom_replies;
+    error("OOM the server's value memory limit (" + std::to_string(server_.values_->limit()) +
+          " bytes, --max-memory) is reached");
   }
   void wrong_arity(std::string_view command) {
     std::string name(command);
@@ -179,79 +291,146 @@ class Connection : public std::enable_shared_from_this<Connection> {
     if (outcome.error() == std::errc::timed_out) ++server_.counters_.transfers_timed_out;
     return false;
   }
+  std::size_t pending_output() const {
+    std::size_t n = out_.size();
+    for (const auto& p : payloads_)
+      n += p.value.length;
+    return n;
+  }
+  void release_output() {
+    server_.client_buffers_.release(output_charged_);
+    server_.output_bytes_ -= output_charged_;
+    output_charged_ = 0;
+  }
   asio::awaitable<bool> flush();
 
   Server& server_;
   tcp::socket socket_;
   asio::ip::address peer_;
-  std::vector<char> buffer_;
-  std::size_t begin_ = 0;  ///< first unparsed byte
-  std::size_t end_ = 0;    ///< one past the last received byte
-  std::string out_;        ///< the reply being built
-  kv::Value payload_;      ///< an inline GET's value, written after out_
+  InputBuffer input_;
+  std::string out_;                ///< the replies being built
+  std::vector<Payload> payloads_;  ///< inline GETs' values, written from their storage
+  std::size_t output_charged_ = 0;
+  std::atomic<std::int64_t> idle_since_{0};
+  std::atomic<std::int64_t> output_over_since_{0};
+  std::atomic<bool> swept_{false};
   std::uint64_t client_id_ = 0;
   dma::PeerAddress fabric_address_;
 };
 
-// Moves unparsed bytes to the front, and grows the buffer (up to the largest request) when a
-// request needs more room than is left. False when a request would not fit at all.
-bool Connection::make_room(std::size_t needed) {
-  const std::size_t pending = end_ - begin_;
-  if (begin_ > 0 && (end_ == buffer_.size() || begin_ > buffer_.size() / 2)) {
-    std::memmove(buffer_.data(), buffer_.data() + begin_, pending);
-    begin_ = 0;
-    end_ = pending;
+// The buffers after their first n bytes.
+std::vector<asio::const_buffer> skip(const std::vector<asio::const_buffer>& buffers, std::size_t n) {
+  std::vector<asio::const_buffer> rest;
+  rest.reserve(buffers.size());
+  for (const auto& b : buffers) {
+    if (n >= b.size()) {
+      n -= b.size();
+    } else {
+      rest.push_back(b + n);
+      n = 0;
+    }
   }
-  if (pending == 0 && buffer_.size() > (std::size_t{1} << 20)) {
-    buffer_.resize(initial_buffer);
-    buffer_.shrink_to_fit();
-  }
-  const std::size_t limit = server_.limits_.max_request + 64 * 1024;
-  if (needed > buffer_.size() - begin_ && begin_ + needed <= limit) buffer_.resize(begin_ + needed);
-  if (end_ < buffer_.size()) return true;
-  if (buffer_.size() >= limit) return false;
-  buffer_.resize(std::min(limit, buffer_.size() * 2));
-  return true;
+  return rest;
 }
 
+// Writes the pending replies with one gathering write.
 asio::awaitable<bool> Connection::flush() {
-  std::array<asio::const_buffer, 3> buffers{asio::buffer(out_), asio::buffer(payload_.bytes().data(), payload_.length),
-                                            asio::buffer("\r\n", payload_.region ? 2 : 0)};
-  auto [ec, n] = co_await asio::async_write(socket_, buffers, tuple_awaitable);
+  if (out_.empty()) co_return true;
+  std::vector<asio::const_buffer> buffers;
+  buffers.reserve(2 * payloads_.size() + 1);
+  std::size_t text = 0;
+  for (const auto& p : payloads_) {
+    buffers.emplace_back(out_.data() + text, p.text_end - text);
+    buffers.emplace_back(p.value.bytes().data(), p.value.length);
+    text = p.text_end;
+  }
+  buffers.emplace_back(out_.data() + text, out_.size() - text);
+  const std::size_t total = pending_output();
+  output_charged_ = out_.capacity();
+  server_.client_buffers_.charge(output_charged_);
+  server_.output_bytes_ += output_charged_;
+  // The batch holds its text and values until the client has taken all of it: a large one left
+  // unfinished too long closes the connection (sweep), and so does a write that makes no progress
+  // for the idle timeout.
+  if (total >= server_.options_.client_output_limit) output_over_since_.store(now_ns(), std::memory_order_relaxed);
+  idle_since_.store(now_ns(), std::memory_order_relaxed);
+  // Most batches fit the socket's send buffer: written from here, with no completion through the
+  // scheduler. What does not fit goes out asynchronously.
+  std::error_code ec;
+  std::size_t written = 0;
+  while (written < total && !ec)
+    written += socket_.write_some(skip(buffers, written), ec);
+  if (ec == asio::error::would_block || ec == asio::error::try_again) {
+    auto [failed, rest] = co_await asio::async_write(
+        socket_, skip(buffers, written),
+        [this, last = std::size_t{0}](const std::error_code& e, std::size_t now) mutable -> std::size_t {
+          if (now > last) idle_since_.store(now_ns(), std::memory_order_relaxed);
+          last = now;
+          return asio::transfer_all()(e, now);
+        },
+        tuple_awaitable);
+    ec = failed;
+  }
+  idle_since_.store(0, std::memory_order_relaxed);
+  output_over_since_.store(0, std::memory_order_relaxed);
+  release_output();
+  payloads_.clear();
   out_.clear();
-  payload_ = kv::Value{};
+  if (out_.capacity() > output_batch) out_.shrink_to_fit();
   co_return !ec;
+}
+
+bool is_transfer(std::string_view name) {
+  return kv::resp::iequals(name, "DMA.SET") || kv::resp::iequals(name, "DMA.GET");
 }
 
 asio::awaitable<void> Connection::run() {
   const auto self = shared_from_this();
   std::vector<std::string_view> arguments;
-  bool open = true;
-  while (open) {
-    const auto parsed =
-        kv::resp::parse_request(std::string_view(buffer_.data() + begin_, end_ - begin_), server_.limits_, arguments);
+  const std::size_t input_limit = server_.limits_.max_request + 128 * 1024;
+  for (;;) {
+    const auto parsed = kv::resp::parse_request(input_.pending(), server_.limits_, arguments);
     if (parsed.status == kv::resp::Status::complete) {
-      begin_ += parsed.consumed;
+      input_.consume(parsed.consumed);
       if (arguments.empty()) continue;
       ++server_.counters_.commands;
-      open = co_await execute(arguments);
-      open = co_await flush() && open;
+      // Replies already built go out before a transfer that may take long.
+      if (is_transfer(arguments[0]) && !co_await flush()) break;
+      const bool open = co_await execute(arguments);
+      if (!open || pending_output() >= output_batch) {
+        if (!co_await flush() || !open) break;
+      }
       continue;
     }
-    if (parsed.status == kv::resp::Status::error || !make_room(parsed.needed)) {
+    if (!co_await flush()) break;
+    if (parsed.status == kv::resp::Status::error) {
       ++server_.counters_.protocol_errors;
-      error(parsed.status == kv::resp::Status::error ? "ERR " + parsed.error : "ERR Protocol error: request too large");
+      error("ERR " + parsed.error);
       co_await flush();
       break;
     }
-    auto [ec, n] =
-        co_await socket_.async_read_some(asio::buffer(buffer_.data() + end_, buffer_.size() - end_), tuple_awaitable);
+    if (!input_.make_room(input_limit)) {
+      ++server_.counters_.protocol_errors;
+      if (input_.free_space().size() == 0 && input_.pending().size() < input_limit) {
+        ++server_.counters_.closed_input_budget;
+        error("ERR Protocol error: the server's client buffers are full (" +
+              std::to_string(server_.client_buffers_.limit()) + " bytes, --max-client-buffers)");
+      } else {
+        error("ERR Protocol error: request too large");
+      }
+      co_await flush();
+      break;
+    }
+    idle_since_.store(now_ns(), std::memory_order_relaxed);
+    auto [ec, n] = co_await socket_.async_read_some(input_.free_space(), tuple_awaitable);
+    idle_since_.store(0, std::memory_order_relaxed);
     if (ec) break;
-    end_ += n;
+    input_.commit(n);
   }
   std::error_code ignored;
   socket_.shutdown(tcp::socket::shutdown_both, ignored);
   socket_.close(ignored);
+  payloads_.clear();
   if (client_id_ != 0) {
     server_.service_.remove_peer(client_id_);
     --server_.counters_.dma_clients;
@@ -260,7 +439,8 @@ asio::awaitable<void> Connection::run() {
   server_.connections_.erase(self);
 }
 
-// Runs one command, leaving its reply in out_ (and payload_); false when the connection should close.
+// Runs one command, appending its reply to out_ (and payloads_); false when the connection should
+// close.
 asio::awaitable<bool> Connection::execute(std::span<const std::string_view> arguments) {
   using kv::resp::iequals;
   const auto name = arguments[0];
@@ -305,7 +485,7 @@ asio::awaitable<bool> Connection::execute(std::span<const std::string_view> argu
     co_return false;
   } else if (iequals(name, "DMA.HELLO")) {
     arity == 2 ? co_await hello(arguments[1]) : wrong_arity(name);
-  } else if (iequals(name, "DMA.SET") || iequals(name, "DMA.GET")) {
+  } else if (is_transfer(name)) {
     const bool set = iequals(name, "DMA.SET");
     if (client_id_ == 0) {
       error("ERR DMA.HELLO first: this connection has no fabric address");
@@ -323,26 +503,35 @@ asio::awaitable<bool> Connection::execute(std::span<const std::string_view> argu
   co_return true;
 }
 
+// A value's storage as a region without registering it, for providers that need no registration of
+// local buffers (tcp): a transfer's operand in it then binds no memory registration, and the value
+// skips register_region's trip through the service's executors.
+kv::Region unregistered_region(kv::Buffer buffer) {
+  auto storage = std::make_shared<kv::Buffer>(std::move(buffer));
+  const auto base = reinterpret_cast<std::uintptr_t>(storage->begin());
+  const auto end = reinterpret_cast<std::uintptr_t>(storage->end());
+  return kv::Region::adopt(std::move(storage), base, end);
+}
+
 asio::awaitable<void> Connection::set_inline(std::string_view key, std::string_view value) {
   auto& store = server_.store_;
   if (value.size() > server_.options_.max_value) {
-    error("ERR value of " + std::to_string(value.size()) + " bytes exceeds the limit of " +
-          std::to_string(server_.options_.max_value));
-    co_return;
-  }
-  if (!store.reserve(value.size())) {
-    error("OOM the store's memory limit (" + std::to_string(store.max_bytes()) + " bytes) is reached");
-    co_return;
+    co_return error("ERR value of " + std::to_string(value.size()) + " bytes exceeds the limit of " +
+                    std::to_string(server_.options_.max_value));
   }
   kv::Value stored;
   stored.length = value.size();
   stored.crc = dma::checksum(std::as_bytes(std::span(value)));
   if (!value.empty()) {
-    auto [ec, region] = co_await server_.service_.register_region(kv::Buffer(value.size()), tuple_awaitable);
-    if (ec) {
-      store.release(value.size());
-      error("ERR registering " + std::to_string(value.size()) + " bytes: " + ec.message());
-      co_return;
+    auto buffer = kv::Buffer::allocate(server_.values_, value.size(), kv::Buffer::Fill::overwritten);
+    if (!buffer) co_return out_of_memory();
+    kv::Region region;
+    if (server_.info_.requires_local_mr) {
+      auto [ec, registered] = co_await server_.service_.register_region(std::move(*buffer), tuple_awaitable);
+      if (ec) co_return error("ERR registering " + std::to_string(value.size()) + " bytes: " + ec.message());
+      region = std::move(registered);
+    } else {
+      region = unregistered_region(std::move(*buffer));
     }
     std::memcpy(region.bytes().data(), value.data(), value.size());
     stored.region = std::move(region);
@@ -355,13 +544,9 @@ void Connection::get_inline(std::string_view key) {
   auto value = server_.store_.get(key);
   if (!value) return kv::resp::append_nil(out_);
   out_ += kv::resp::bulk_header(value->length);
-  if (value->length == 0) {
-    out_ += "\r\n";
-  } else {
-    payload_ = std::move(*value);
-  }
+  if (value->length > 0) payloads_.push_back(Payload{out_.size(), std::move(*value)});
+  out_ += "\r\n";
 }
-
 asio::awaitable<void> Connection::hello(std::string_view address_hex) {
   auto& counters = server_.counters_;
   if (client_id_ != 0) {
@@ -402,13 +587,20 @@ struct Window {
   std::uint64_t length = 0;
 };
 
+// An unsigned decimal: digits only (dma::parse_u64 also takes a leading '+', as Rust does).
+std::optional<std::uint64_t> parse_number(std::string_view text) {
+  if (text.empty() || !std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; }))
+    return std::nullopt;
+  return dma::parse_u64(text);
+}
+
 // Fills window, or returns the error to reply.
 std::string parse_window(std::span<const std::string_view> fields, const char* length_name, Window& window) {
-  const auto rkey = dma::parse_u64(fields[0]);
+  const auto rkey = parse_number(fields[0]);
   if (!rkey) return "ERR invalid rkey '" + std::string(fields[0].substr(0, 32)) + "'";
-  const auto address = dma::parse_u64(fields[1]);
+  const auto address = parse_number(fields[1]);
   if (!address) return "ERR invalid remote address '" + std::string(fields[1].substr(0, 32)) + "'";
-  const auto length = dma::parse_u64(fields[2]);
+  const auto length = parse_number(fields[2]);
   if (!length) return "ERR invalid " + std::string(length_name) + " '" + std::string(fields[2].substr(0, 32)) + "'";
   if (*length > UINT64_MAX - *address) return "ERR the remote range overflows";
   window = Window{*rkey, *address, *length};
@@ -423,7 +615,7 @@ asio::awaitable<void> Connection::dma_set(std::span<const std::string_view> argu
   if (auto why = parse_window(arguments.subspan(2, 3), "length", window); !why.empty()) co_return error(why);
   std::optional<std::uint32_t> expected;
   if (arguments.size() == 6) {
-    const auto crc = dma::parse_u64(arguments[5]);
+    const auto crc = parse_number(arguments[5]);
     if (!crc || *crc > UINT32_MAX)
       co_return error("ERR invalid crc32c '" + std::string(arguments[5].substr(0, 32)) + "'");
     expected = static_cast<std::uint32_t>(*crc);
@@ -438,13 +630,17 @@ asio::awaitable<void> Connection::dma_set(std::span<const std::string_view> argu
     store.put(key, kv::Value{});
     co_return kv::resp::append_simple(out_, "OK");
   }
-  if (!store.reserve(length)) {
-    co_return error("OOM the store's memory limit (" + std::to_string(store.max_bytes()) + " bytes) is reached");
-  }
-  auto [registered, region] = co_await server_.service_.register_region(kv::Buffer(length), tuple_awaitable);
-  if (registered) {
-    store.release(length);
-    co_return error("ERR registering " + std::to_string(length) + " bytes: " + registered.message());
+  // Zeroed storage: a transfer that moves fewer bytes than asked while reporting success (libfabric
+  // 1.17's tcp does, for a short read response) leaves zeros, never a former value's bytes.
+  auto buffer = kv::Buffer::allocate(server_.values_, length, kv::Buffer::Fill::zeroed);
+  if (!buffer) co_return out_of_memory();
+  kv::Region region;
+  if (server_.info_.requires_local_mr) {
+    auto [ec, registered] = co_await server_.service_.register_region(std::move(*buffer), tuple_awaitable);
+    if (ec) co_return error("ERR registering " + std::to_string(length) + " bytes: " + ec.message());
+    region = std::move(registered);
+  } else {
+    region = unregistered_region(std::move(*buffer));
   }
   dma::TransferRequest<Slot> request;
   request.client_id = client_id_;
@@ -458,17 +654,15 @@ asio::awaitable<void> Connection::dma_set(std::span<const std::string_view> argu
   std::optional<InFlight> in_flight(std::in_place, counters.sets_in_flight);
   auto [slot, outcome] = co_await server_.service_.submit(std::move(request));
   in_flight.reset();
-  if (!account(outcome)) {
-    store.release(length);
-    co_return error("ERR transfer failed: " + outcome.message());
-  }
+  if (!account(outcome)) co_return error("ERR transfer failed: " + outcome.message());
   counters.bytes_read += length;
   const std::uint32_t crc = outcome->checksum.value_or(0);
   if (expected && *expected != crc) {
     ++counters.crc_mismatches;
-    store.release(length);
-    co_return error("ERR CRC mismatch: the client sent crc32c " + std::to_string(*expected) + ", the server read " +
-                    std::to_string(crc) + "; the store is unchanged");
+    // The reply names only what the client sent: a digest of what arrived says nothing the client
+    // needs and, were the storage ever not the client's bytes, would leak server memory.
+    co_return error("ERR CRC mismatch: the bytes read do not have the client's crc32c " + std::to_string(*expected) +
+                    "; the store is unchanged");
   }
   store.put(key, kv::Value{std::move(slot.region), length, crc});
   kv::resp::append_simple(out_, "OK");
@@ -514,8 +708,8 @@ asio::awaitable<void> Server::accept() {
       std::lock_guard lock(connections_mutex_);
       if (connections_.size() >= options_.max_clients) {
         ++counters_.connections_rejected;
-        std::error_code ignored;
-        asio::write(socket, asio::buffer(std::string_view("-ERR max number of clients reached\r\n")), ignored);
+        auto executor = socket.get_executor();
+        asio::co_spawn(executor, refuse(std::move(socket)), asio::detached);
         continue;
       }
       connection = std::make_shared<Connection>(*this, std::move(socket));
@@ -525,9 +719,69 @@ asio::awaitable<void> Server::accept() {
   }
 }
 
+// Answers a connection over --max-clients with an error line, then reads what it sent (bounded in
+// bytes and time) before closing: closing a socket with unread input sends a reset, which can
+// discard the error line before the client reads it.
+asio::awaitable<void> Server::refuse(tcp::socket socket) {
+  constexpr unsigned max_draining = 64;
+  std::error_code ignored;
+  if (refusing_.fetch_add(1) >= max_draining) {  // a flood of refusals: close at once
+    asio::write(socket, asio::buffer(std::string_view("-ERR max number of clients reached\r\n")), ignored);
+    socket.close(ignored);
+    --refusing_;
+    co_return;
+  }
+  auto shared = std::make_shared<tcp::socket>(std::move(socket));
+  co_await asio::async_write(*shared, asio::buffer(std::string_view("-ERR max number of clients reached\r\n")),
+                             tuple_awaitable);
+  shared->shutdown(tcp::socket::shutdown_send, ignored);
+  asio::steady_timer timer(shared->get_executor());
+  timer.expires_after(1s);
+  timer.async_wait([shared](std::error_code ec) {
+    std::error_code e;
+    if (!ec) shared->close(e);
+  });
+  std::array<char, 4096> sink;
+  for (std::size_t drained = 0; drained < 64 * 1024;) {
+    auto [ec, n] = co_await shared->async_read_some(asio::buffer(sink), tuple_awaitable);
+    if (ec) break;
+    drained += n;
+  }
+  timer.cancel();
+  shared->close(ignored);
+  --refusing_;
+}
+
+// Closes connections idle past --idle-timeout, and those that have not taken a reply batch of
+// --client-output-limit bytes or more within --client-output-seconds.
+asio::awaitable<void> Server::sweep() {
+  asio::steady_timer timer(io_);
+  const std::int64_t idle = std::int64_t{options_.idle_timeout} * 1'000'000'000;
+  const std::int64_t stalled = std::int64_t{options_.client_output_seconds} * 1'000'000'000;
+  for (;;) {
+    timer.expires_after(100ms);
+    auto [ec] = co_await timer.async_wait(tuple_awaitable);
+    if (ec || !acceptor_.is_open()) co_return;
+    const auto now = now_ns();
+    std::lock_guard lock(connections_mutex_);
+    for (const auto& connection : connections_) {
+      const auto idle_since = connection->idle_since();
+      const auto over_since = connection->output_over_since();
+      if (idle > 0 && idle_since != 0 && now - idle_since >= idle && connection->sweep_once()) {
+        ++counters_.closed_idle;
+        connection->close();
+      } else if (over_since != 0 && now - over_since >= stalled && connection->sweep_once()) {
+        ++counters_.closed_output;
+        connection->close();
+      }
+    }
+  }
+}
+
 // Closes every connection; each ends once its current command's transfer has completed. A
-// transfer that never completes would hold the process, so after a bound it exits regardless.
+// transfer that never completes would hold the process, so 5 s after the signal it exits regardless.
 asio::awaitable<void> Server::stop() {
+  const auto deadline = std::chrono::steady_clock::now() + 5s;
   std::error_code ignored;
   acceptor_.close(ignored);
   {
@@ -536,13 +790,15 @@ asio::awaitable<void> Server::stop() {
       connection->close();
   }
   asio::steady_timer timer(io_);
-  for (int i = 0; i < 500; ++i) {
+  for (;;) {
     {
       std::lock_guard lock(connections_mutex_);
       if (connections_.empty()) co_return;
     }
-    timer.expires_after(10ms);
-    co_await timer.async_wait(asio::use_awaitable);
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= deadline) break;
+    timer.expires_at(std::min(deadline, now + 10ms));
+    co_await timer.async_wait(tuple_awaitable);
   }
   std::fprintf(stderr, "dma-kv-server: connections still busy 5 s after the stop signal; exiting\n");
   std::_Exit(1);
@@ -585,8 +841,21 @@ std::string Server::info() const {
   s += "\r\n# Keyspace\r\n";
   line("keys", store_.keys());
   line("bytes_stored", store_.bytes());
-  line("max_memory", store_.max_bytes());
   line("max_value", options_.max_value);
+  s += "\r\n# Memory\r\n";
+  line("value_memory", values_->used());
+  line("max_memory", values_->limit());
+  line("oom_replies", counters_.oom_replies.load());
+  line("client_input_buffers", input_bytes_.load());
+  line("client_output_buffers", output_bytes_.load());
+  line("client_buffers", client_buffers_.used());
+  line("max_client_buffers", client_buffers_.limit());
+  line("client_output_limit", options_.client_output_limit);
+  line("client_output_seconds", options_.client_output_seconds);
+  line("idle_timeout", options_.idle_timeout);
+  line("clients_closed_idle", counters_.closed_idle.load());
+  line("clients_closed_output", counters_.closed_output.load());
+  line("clients_closed_input", counters_.closed_input_budget.load());
   s += "\r\n# Commands\r\n";
   line("commands_processed", counters_.commands.load());
   line("error_replies", counters_.error_replies.load());
@@ -636,6 +905,19 @@ int main(int argc, char** argv) {
   app.add_option("--max-clients", options.max_clients, "connections served at once")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  app.add_option("--max-client-buffers", options.max_client_buffers,
+                 "bytes of input and output buffers all connections hold at most")
+      ->check(CLI::Range(std::size_t{1} << 20, SIZE_MAX))
+      ->capture_default_str();
+  app.add_option("--client-output-limit", options.client_output_limit,
+                 "a connection that has not taken a reply batch of this many bytes or more ...")
+      ->capture_default_str();
+  app.add_option("--client-output-seconds", options.client_output_seconds, "... within this many seconds is closed")
+      ->check(CLI::Range(1u, 86400u))
+      ->capture_default_str();
+  app.add_option("--idle-timeout", options.idle_timeout,
+                 "seconds a connection may wait between requests before it is closed (0: never)")
+      ->capture_default_str();
   app.add_flag(
       "--allow-any-fabric-host", options.allow_any_fabric_host,
       "accept a DMA.HELLO whose fabric address names another host than its connection (trusted networks only)");
@@ -675,6 +957,7 @@ int main(int argc, char** argv) {
       if (!ec) asio::co_spawn(io, server.stop(), asio::detached);
     });
     asio::co_spawn(io, server.accept(), asio::detached);
+    asio::co_spawn(io, server.sweep(), asio::detached);
     std::vector<std::thread> threads;
     for (unsigned i = 1; i < options.threads; ++i)
       threads.emplace_back([&] { io.run(); });

@@ -1,13 +1,15 @@
 // The server's key space: values in storage registered with the fabric service, so a DMA.GET
 // writes straight out of the stored bytes with no per-transfer registration. Values are
-// immutable once stored: a SET replaces the entry, and a transfer still reading the old value
-// keeps it alive through its own copy of the region.
+// immutable once stored: a SET replaces the entry, and a transfer or a reply still using the old
+// value keeps it alive through its own copy of the region.
 #pragma once
 
 #include <dma/memory_region.hpp>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -19,16 +21,75 @@
 
 namespace kv {
 
-/// Uninitialised heap bytes: a value is written in full (by a read or a copy) before it is stored.
+/// Bytes charged against a limit the operator set. Thread-safe.
+class Budget {
+ public:
+  explicit Budget(std::size_t limit) : limit_(limit) {}
+  /// Charges n bytes; false (and nothing charged) when they do not fit.
+  bool try_charge(std::size_t n) noexcept {
+    std::size_t used = used_.load(std::memory_order_relaxed);
+    do {
+      if (n > limit_ - std::min(used, limit_)) return false;
+    } while (!used_.compare_exchange_weak(used, used + n, std::memory_order_relaxed));
+    return true;
+  }
+  /// Charges n bytes even past the limit (for bytes that are already there).
+  void charge(std::size_t n) noexcept { used_.fetch_add(n, std::memory_order_relaxed); }
+  void release(std::size_t n) noexcept { used_.fetch_sub(n, std::memory_order_relaxed); }
+  std::size_t used() const noexcept { return used_.load(std::memory_order_relaxed); }
+  std::size_t limit() const noexcept { return limit_; }
+
+ private:
+  const std::size_t limit_;
+  std::atomic<std::size_t> used_{0};
+};
+
+/// A value's storage, charged to the value budget (`--max-memory`) from its allocation until it is
+/// freed: stored, on its way in, or replaced but still held by a reply or a transfer.
 class Buffer {
  public:
-  explicit Buffer(std::size_t size) : data_(std::make_unique_for_overwrite<std::byte[]>(size)), size_(size) {}
+  /// `zeroed`: the storage a transfer fills, so that bytes a short or lying transfer did not write
+  /// read as zeros, never as a former value (calloc: fresh pages come zeroed from the kernel, reused
+  /// ones are cleared). Otherwise the caller overwrites every byte before anyone reads one.
+  enum class Fill { zeroed, overwritten };
+
+  /// Empty when the budget has no room for size bytes (size > 0) or the allocation fails.
+  static std::optional<Buffer> allocate(std::shared_ptr<Budget> budget, std::size_t size, Fill fill) {
+    if (!budget->try_charge(size)) return std::nullopt;
+    void* memory = fill == Fill::zeroed ? std::calloc(size, 1) : std::malloc(size);
+    if (memory == nullptr) {
+      budget->release(size);
+      return std::nullopt;
+    }
+    return Buffer(static_cast<std::byte*>(memory), size, std::move(budget));
+  }
+  Buffer(Buffer&&) noexcept = default;
+  Buffer& operator=(Buffer&& other) noexcept {
+    reset();
+    data_ = std::move(other.data_);
+    size_ = other.size_;
+    budget_ = std::move(other.budget_);
+    return *this;
+  }
+  ~Buffer() { reset(); }
+
   std::byte* begin() const noexcept { return data_.get(); }
   std::byte* end() const noexcept { return data_.get() + size_; }
 
  private:
-  std::unique_ptr<std::byte[]> data_;
+  struct Free {
+    void operator()(std::byte* p) const noexcept { std::free(p); }
+  };
+  Buffer(std::byte* data, std::size_t size, std::shared_ptr<Budget> budget)
+      : data_(data), size_(size), budget_(std::move(budget)) {}
+  void reset() noexcept {
+    if (data_) budget_->release(size_);
+    data_.reset();
+  }
+
+  std::unique_ptr<std::byte, Free> data_;
   std::size_t size_;
+  std::shared_ptr<Budget> budget_;
 };
 
 using Region = dma::MemoryRegion<Buffer>;
@@ -43,24 +104,11 @@ struct Value {
   }
 };
 
-/// A string-keyed map with heterogeneous lookup and a byte budget. Thread-safe.
+/// A string-keyed map with heterogeneous lookup. Thread-safe. Its values' memory is charged to
+/// their Buffers' budget, not here.
 class Store {
  public:
-  explicit Store(std::size_t max_bytes) : max_bytes_(max_bytes) {}
-
-  /// Accounts `n` bytes against the budget ahead of an incoming value; false when they do not fit.
-  bool reserve(std::size_t n) {
-    std::lock_guard lock(mutex_);
-    if (n > max_bytes_ - std::min(reserved_, max_bytes_)) return false;
-    reserved_ += n;
-    return true;
-  }
-  /// Returns a reservation whose value was not stored.
-  void release(std::size_t n) {
-    std::lock_guard lock(mutex_);
-    reserved_ -= n;
-  }
-  /// Stores a value whose length was reserved, releasing the value it replaces.
+  /// Stores a value, releasing the value it replaces (its memory goes with the last holder).
   void put(std::string_view key, Value value) {
     std::lock_guard lock(mutex_);
     auto it = map_.find(key);
@@ -69,9 +117,8 @@ class Store {
       map_.emplace(std::string(key), std::move(value));
       return;
     }
-    reserved_ -= it->second.length;
     stored_ = stored_ - it->second.length + value.length;
-    it->second = std::move(value);
+    std::swap(it->second, value);  // the old value is dropped outside the map's slot
   }
   std::optional<Value> get(std::string_view key) const {
     std::lock_guard lock(mutex_);
@@ -83,15 +130,12 @@ class Store {
     std::lock_guard lock(mutex_);
     auto it = map_.find(key);
     if (it == map_.end()) return false;
-    reserved_ -= it->second.length;
     stored_ -= it->second.length;
     map_.erase(it);
     return true;
   }
   void clear() {
     std::lock_guard lock(mutex_);
-    for (const auto& [key, value] : map_)
-      reserved_ -= value.length;
     stored_ = 0;
     map_.clear();
   }
@@ -104,17 +148,14 @@ class Store {
     std::lock_guard lock(mutex_);
     return stored_;
   }
-  std::size_t max_bytes() const noexcept { return max_bytes_; }
 
  private:
   struct Hash {
     using is_transparent = void;
     std::size_t operator()(std::string_view s) const noexcept { return std::hash<std::string_view>()(s); }
   };
-  const std::size_t max_bytes_;
   mutable std::mutex mutex_;
   std::unordered_map<std::string, Value, Hash, std::equal_to<>> map_;
-  std::size_t reserved_ = 0;  ///< stored values plus values on their way in
   std::size_t stored_ = 0;
 };
 

@@ -549,6 +549,45 @@ TEST_CASE("DMA.SET values count in used_memory and meet maxmemory's deny-oom", "
   CHECK(wait_for(resp, "outstanding", 0) == 0);
 }
 
+TEST_CASE("the module takes its configuration from its arguments: keys, or a TOML file", "[module]") {
+  {
+    ModuleServer server(
+        {}, {"config", std::string(DMA_SOURCE_ROOT) + "/config/tcp.toml", "max-value", "1000", "pool-threads", "1"});
+    Peer peer(4096);
+    Resp resp(server.port());
+    const auto reply = resp.command({"DMA.HELLO", peer.address_hex()});
+    REQUIRE(reply.type == kv::resp::Reply::Type::array);
+    CHECK(reply.elements[2].integer == 1000);
+    require_error(resp.command(peer.window("DMA.SET", "k", 1001)), "exceeds the limit of 1000");
+    CHECK(info_field(resp, "provider").rfind("tcp", 0) == 0);
+  }
+  // A refused argument or file makes the load, and so the server's start, fail with the reason in
+  // the log.
+  char scratch[] = "/tmp/dma-module-config-XXXXXX";
+  REQUIRE(mkdtemp(scratch) != nullptr);
+  const std::string bad_file = std::string(scratch) + "/bad.toml";
+  std::ofstream(bad_file) << "[dma-libfabric]\nno_such_key = 1\n";
+  const std::vector<std::pair<std::vector<std::string>, std::string>> refusals{
+      {{"max-value", "lots"}, "max-value takes a whole number"},
+      {{"colour", "blue"}, "unknown argument 'colour'"},
+      {{"config"}, "has no value"},
+      {{"config", bad_file}, "no_such_key"},
+  };
+  for (const auto& [arguments, reason] : refusals) {
+    std::vector<std::string> all{module_server_program(), "--port", std::to_string(free_port())};
+    all.insert(all.end(), {"--logfile", std::string(scratch) + "/log", "--loadmodule", module_path()});
+    all.insert(all.end(), arguments.begin(), arguments.end());
+    Child server(all);
+    CHECK(server.wait(30s) == 1);
+    std::ifstream in(std::string(scratch) + "/log");
+    const std::string log((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    INFO("server log:\n" << log);
+    CHECK(log.find(reason) != std::string::npos);
+    std::filesystem::remove(std::string(scratch) + "/log");
+  }
+  std::filesystem::remove_all(scratch);
+}
+
 int main(int argc, char* argv[]) {
   const std::string server = module_server_program();
   if (!runnable(server)) {

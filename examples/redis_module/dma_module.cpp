@@ -78,6 +78,7 @@ struct Counters {
   std::uint64_t bytes_read = 0, bytes_written = 0;
   std::uint64_t replies_dropped = 0;  ///< transfers whose client left before the reply
   std::uint64_t get_copies = 0, get_copy_ns = 0, get_copy_bytes = 0;
+  std::uint64_t set_alloc_ns = 0, set_alloc_bytes = 0;  ///< DMA.SET's value strings (zero-filled)
 };
 
 struct Module {
@@ -279,7 +280,11 @@ int dma_set(rm::Ctx* ctx, rm::String** argv, int argc) {
   const auto length = static_cast<std::size_t>(window->length);
   // A string the server allocates (so it counts in used_memory and maxmemory), which the read
   // fills and StringSet then stores: Redis 7.0 keeps this very object, Valkey 8.1 copies it.
+  const std::int64_t began = now_ns();
   rm::String* value = api.CreateString(nullptr, nullptr, length);
+  auto& counters = module->counters;
+  counters.set_alloc_ns += static_cast<std::uint64_t>(now_ns() - began);
+  counters.set_alloc_bytes += length;
   if (length == 0) {
     if (expected && *expected != 0) {
       api.FreeString(nullptr, value);
@@ -389,6 +394,8 @@ std::string info_text() {
   line("get_copies", c.get_copies);
   line("get_copy_bytes", c.get_copy_bytes);
   line("get_copy_us", c.get_copy_ns / 1000);
+  line("set_alloc_bytes", c.set_alloc_bytes);
+  line("set_alloc_us", c.set_alloc_ns / 1000);
   line("completions_handed", c.handed.load(std::memory_order_relaxed));
   line("completer_max_us", c.completer_max_ns.load(std::memory_order_relaxed) / 1000);
   line("handoff_max_us", c.handoff_max_ns.load(std::memory_order_relaxed) / 1000);

@@ -456,7 +456,7 @@ int load(rm::Ctx* ctx, rm::String** argv, int argc) {
   }
   try {
     const auto configuration = loaded->options.configuration();
-    loaded->pool = std::make_shared<dma::Pool>(loaded->options.pool_threads);
+    if (loaded->options.pool_threads > 0) loaded->pool = std::make_shared<dma::Pool>(loaded->options.pool_threads);
     module = loaded.get();  // the completer reads the counters through it
     loaded->service = Service::start(configuration, hand_over, loaded->pool);
   } catch (const std::exception& e) {

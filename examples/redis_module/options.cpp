@@ -52,7 +52,7 @@ std::string parse_options(std::span<const std::string_view> arguments, Options& 
     } else if (key == "max-value") {
       if (why = parse_number(key, value, 1, number); why.empty()) options.max_value = number;
     } else if (key == "pool-threads") {
-      if (why = parse_number(key, value, 1, number); why.empty()) options.pool_threads = number;
+      if (why = parse_number(key, value, 0, number); why.empty()) options.pool_threads = number;
     } else if (key == "transfer-deadline-ms") {
       if (why = parse_number(key, value, 0, number); why.empty()) options.transfer_deadline_ms = number;
     } else {

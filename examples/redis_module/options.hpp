@@ -19,7 +19,7 @@ struct Options {
   bool efa = false;
   std::size_t max_value = std::size_t{16} << 20;
   bool allow_any_fabric_host = false;
-  std::size_t pool_threads = 2;
+  std::size_t pool_threads = 2;            ///< 0: no pool, CRCs on the fabric thread
   std::uint64_t transfer_deadline_ms = 0;  ///< 0: the configuration's
 
   /// The service's configuration: the TOML file's table, then these overrides. Throws

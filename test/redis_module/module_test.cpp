@@ -397,6 +397,16 @@ TEST_CASE("8 clients with 2 killed in the middle of transfers: the others see no
   }
   CHECK(caught == 2);
   require_clean_bench(others);
+  // Whatever the killed setter left under its key is one whole value it wrote, never part of one.
+  const auto left = probe.command({"GET", "victim-set:0:0"});
+  if (left.type == kv::resp::Reply::Type::bulk) {
+    const kv::Pattern pattern(4 << 20);
+    REQUIRE(left.text.size() == 4u << 20);
+    bool whole = false;
+    for (std::size_t seed = 0; seed < kv::pattern_offsets && !whole; ++seed)
+      whole = std::memcmp(left.text.data(), pattern.value(seed, 4 << 20).data(), 4 << 20) == 0;
+    CHECK(whole);
+  }
   CHECK(wait_for(probe, "outstanding", 0) == 0);
   CHECK(wait_for(probe, "dma_sets_in_flight", 0) == 0);
   CHECK(wait_for(probe, "dma_gets_in_flight", 0) == 0);

@@ -559,6 +559,23 @@ TEST_CASE("DMA.SET values count in used_memory and meet maxmemory's deny-oom", "
   CHECK(wait_for(resp, "outstanding", 0) == 0);
 }
 
+TEST_CASE("a DMA.SET reaches the append-only file: DEBUG LOADAOF brings the value back", "[module]") {
+  ModuleServer server({"--appendonly", "yes", "--appendfsync", "always"});
+  constexpr std::size_t size = 300000;
+  Peer peer(size);
+  const std::string value = pattern_text("logged", size);
+  std::memcpy(peer.memory().data(), value.data(), size);
+  Resp resp(server.port());
+  hello(resp, peer);
+  require_ok(resp.command(peer.window("DMA.SET", "logged", size)));
+  require_ok(resp.command(peer.window("DMA.SET", "empty", 0)));
+  require_ok(resp.command({"DEBUG", "LOADAOF"}));
+  CHECK(resp.command({"GET", "logged"}).text == value);
+  const auto empty = resp.command({"GET", "empty"});
+  CHECK(empty.type == kv::resp::Reply::Type::bulk);
+  CHECK(empty.text.empty());
+}
+
 TEST_CASE("the module takes its configuration from its arguments: keys, or a TOML file", "[module]") {
   {
     ModuleServer server(

@@ -49,14 +49,33 @@ bool answers_ping(std::uint16_t port) {
   }
 }
 
+// A scratch folder, removed with everything in it when it goes (also when a constructor that
+// holds one fails).
+class Scratch {
+ public:
+  Scratch() {
+    char path[] = "/tmp/dma-module-test-XXXXXX";
+    REQUIRE(mkdtemp(path) != nullptr);
+    path_ = path;
+  }
+  ~Scratch() {
+    std::error_code ignored;
+    std::filesystem::remove_all(path_, ignored);
+  }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  const std::string& path() const noexcept { return path_; }
+
+ private:
+  std::string path_;
+};
+
 // redis-server (or Valkey) with the module loaded, on a free loopback port, with its files in a
 // scratch folder. Killed by its PID at the end unless it has exited.
 class ModuleServer {
  public:
-  explicit ModuleServer(std::vector<std::string> server_options = {}, std::vector<std::string> module_options = {}) {
-    char scratch[] = "/tmp/dma-module-test-XXXXXX";
-    REQUIRE(mkdtemp(scratch) != nullptr);
-    dir_ = scratch;
+  explicit ModuleServer(std::vector<std::string> server_options = {}, std::vector<std::string> module_options = {})
+      : dir_(scratch_.path()) {
     for (int attempt = 0; attempt < 5 && !child_; ++attempt) {
       port_ = free_port();
       std::vector<std::string> arguments{module_server_program(),
@@ -91,11 +110,7 @@ class ModuleServer {
     INFO("server log:\n" << log());
     REQUIRE(child_);
   }
-  ~ModuleServer() {
-    child_.reset();
-    std::error_code ignored;
-    std::filesystem::remove_all(dir_, ignored);
-  }
+  ~ModuleServer() { child_.reset(); }
   ModuleServer(const ModuleServer&) = delete;
   ModuleServer& operator=(const ModuleServer&) = delete;
 
@@ -110,6 +125,7 @@ class ModuleServer {
   }
 
  private:
+  Scratch scratch_;
   std::string dir_;
   std::uint16_t port_ = 0;
   std::optional<Child> child_;
@@ -276,12 +292,10 @@ TEST_CASE("values of 1 B to 4 MiB stored by DMA.SET read back byte-exact by DMA.
 
 TEST_CASE("redis-cli GET reads a DMA.SET value and DMA.GET reads a value from SET", "[module]") {
   ModuleServer server;
-  char path[] = "/tmp/dma-module-value-XXXXXX";
-  const int fd = mkstemp(path);
-  REQUIRE(fd >= 0);
+  const Scratch folder;
+  const std::string path = folder.path() + "/value";
   const std::string text = "a value that arrived by RMA\nwith two lines";
-  REQUIRE(write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size()));
-  close(fd);
+  std::ofstream(path, std::ios::binary) << text;
   run_client(server, {"set", "from-rma", "--file", path});
   Child cli({"redis-cli", "-p", server.port_text(), "GET", "from-rma"});
   CHECK(cli.rest(30s) == text + "\n");
@@ -294,7 +308,6 @@ TEST_CASE("redis-cli GET reads a DMA.SET value and DMA.GET reads a value from SE
   std::ifstream in(path, std::ios::binary);
   const std::string landed((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   CHECK(landed == inline_value);
-  std::filesystem::remove(path);
 }
 
 TEST_CASE("APPEND, SETRANGE and DEL during an in-flight DMA.GET leave the client the old value", "[module]") {
@@ -590,9 +603,9 @@ TEST_CASE("the module takes its configuration from its arguments: keys, or a TOM
   }
   // A refused argument or file makes the load, and so the server's start, fail with the reason in
   // the log.
-  char scratch[] = "/tmp/dma-module-config-XXXXXX";
-  REQUIRE(mkdtemp(scratch) != nullptr);
-  const std::string bad_file = std::string(scratch) + "/bad.toml";
+  const Scratch folder;
+  const std::string scratch = folder.path();
+  const std::string bad_file = scratch + "/bad.toml";
   std::ofstream(bad_file) << "[dma-libfabric]\nno_such_key = 1\n";
   const std::vector<std::pair<std::vector<std::string>, std::string>> refusals{
       {{"max-value", "lots"}, "max-value takes a whole number"},
@@ -602,17 +615,16 @@ TEST_CASE("the module takes its configuration from its arguments: keys, or a TOM
   };
   for (const auto& [arguments, reason] : refusals) {
     std::vector<std::string> all{module_server_program(), "--port", std::to_string(free_port())};
-    all.insert(all.end(), {"--logfile", std::string(scratch) + "/log", "--loadmodule", module_path()});
+    all.insert(all.end(), {"--logfile", scratch + "/log", "--loadmodule", module_path()});
     all.insert(all.end(), arguments.begin(), arguments.end());
     Child server(all);
     CHECK(server.wait(30s) == 1);
-    std::ifstream in(std::string(scratch) + "/log");
+    std::ifstream in(scratch + "/log");
     const std::string log((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     INFO("server log:\n" << log);
     CHECK(log.find(reason) != std::string::npos);
-    std::filesystem::remove(std::string(scratch) + "/log");
+    std::filesystem::remove(scratch + "/log");
   }
-  std::filesystem::remove_all(scratch);
 }
 
 int main(int argc, char* argv[]) {

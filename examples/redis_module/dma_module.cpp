@@ -1,0 +1,517 @@
+// dma-module.so: DMA.HELLO, DMA.SET, DMA.GET and DMA.INFO (docs/side-channel.md) inside redis-server
+// 7.0 and Valkey 8.1, on the callback layer. A DMA.SET or DMA.GET blocks its client and submits one
+// transfer; the completer, on the fabric thread or a pool thread, only hands the completion to
+// the main thread (UnblockClient, which takes no server lock). The key space is read and written,
+// and the reply sent, in the reply callback on the main thread. See docs/redis-module.md.
+#include <dma/dma.hpp>
+
+#include "fabric_host.hpp"
+#include "module_api.hpp"
+#include "options.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+namespace {
+
+using rm::api;
+using Clock = std::chrono::steady_clock;
+
+std::string_view view(const rm::String* s) {
+  std::size_t length = 0;
+  const char* p = api.StringPtrLen(s, &length);
+  return {p, length};
+}
+
+std::int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
+}
+
+// Raises `maximum` to `value` if it is larger; any thread.
+void raise(std::atomic<std::int64_t>& maximum, std::int64_t value) {
+  std::int64_t seen = maximum.load(std::memory_order_relaxed);
+  while (value > seen && !maximum.compare_exchange_weak(seen, value, std::memory_order_relaxed)) {
+  }
+}
+
+// One DMA.SET or DMA.GET from submission to its free callback. The main thread creates it and
+// frees it; the fabric thread (and a pool thread, for the CRC) touch only `bytes` and `outcome`.
+struct Transfer {
+  rm::BlockedClient* blocked = nullptr;
+  bool set = false;
+  std::string key;
+  rm::String* value = nullptr;  ///< DMA.SET: the string the value lands in, stored as it is
+  std::byte* bytes = nullptr;   ///< DMA.SET: inside `value`; DMA.GET: a copy taken by RedisModule_Alloc
+  std::size_t length = 0;
+  std::optional<std::uint32_t> expected_crc;
+  dma::Outcome outcome;
+  std::int64_t completed_ns = 0;  ///< when the completer handed it over (steady clock)
+};
+
+// The transfer's context: the operand is the transfer's bytes.
+struct Operation {
+  Transfer* transfer = nullptr;
+  std::span<const std::byte> source() const { return {transfer->bytes, transfer->length}; }
+  std::span<std::byte> allocate(std::size_t n) const { return {transfer->bytes, std::min(n, transfer->length)}; }
+};
+
+using Service = dma::FabricService<Operation>;
+
+// Counters read by DMA.INFO. The completer's are atomic; the rest change on the main thread only.
+struct Counters {
+  std::atomic<std::uint64_t> handed{0};  ///< completions handed to the main thread
+  std::atomic<std::int64_t> completer_max_ns{0};
+  std::atomic<std::int64_t> handoff_max_ns{0};  ///< completion to its reply or free callback
+  std::uint64_t hellos = 0, hellos_rejected = 0, dma_clients = 0;
+  std::uint64_t sets_in_flight = 0, gets_in_flight = 0;
+  std::uint64_t transfers_ok = 0, transfers_failed = 0, transfers_timed_out = 0, crc_mismatches = 0;
+  std::uint64_t bytes_read = 0, bytes_written = 0;
+  std::uint64_t replies_dropped = 0;  ///< transfers whose client left before the reply
+  std::uint64_t get_copies = 0, get_copy_ns = 0, get_copy_bytes = 0;
+  std::uint64_t set_alloc_ns = 0, set_alloc_bytes = 0;  ///< DMA.SET's value strings (zero-filled)
+};
+
+struct Module {
+  dma_module::Options options;
+  Counters counters;
+  std::shared_ptr<dma::Pool> pool;
+  std::unique_ptr<Service> service;
+  dma::EndpointInfo info;
+  std::string address_hex;
+  std::unordered_map<std::uint64_t, dma::PeerAddress> peers;  ///< client id -> its DMA.HELLO address
+};
+
+// Never destroyed by the process's exit: the service is stopped by the shutdown event (or unload),
+// before the server exits, while its thread may still be running.
+Module* module = nullptr;
+
+void hand_over(std::span<dma::Completion<Operation>> batch) {
+  const std::int64_t began = now_ns();
+  for (auto& completion : batch) {
+    Transfer* transfer = completion.caller_context.transfer;
+    transfer->outcome = std::move(completion.outcome);
+    transfer->completed_ns = began;
+    api.UnblockClient(transfer->blocked, transfer);
+  }
+  auto& counters = module->counters;
+  counters.handed.fetch_add(batch.size(), std::memory_order_relaxed);
+  raise(counters.completer_max_ns, now_ns() - began);
+}
+
+int error(rm::Ctx* ctx, const std::string& text) { return api.ReplyWithError(ctx, text.c_str()); }
+
+// A transfer's reply, on the main thread, when its client is still connected: stores a DMA.SET's
+// value and answers.
+int reply(rm::Ctx* ctx, rm::String**, int) {
+  auto* transfer = static_cast<Transfer*>(api.GetBlockedClientPrivateData(ctx));
+  auto& counters = module->counters;
+  const auto& outcome = transfer->outcome;
+  if (!outcome) return error(ctx, "ERR transfer failed: " + outcome.message());
+  const std::uint32_t crc = outcome->checksum.value_or(0);
+  if (!transfer->set) {
+    api.ReplyWithArray(ctx, 2);
+    api.ReplyWithLongLong(ctx, static_cast<long long>(transfer->length));
+    return api.ReplyWithLongLong(ctx, crc);
+  }
+  if (transfer->expected_crc && *transfer->expected_crc != crc) {
+    ++counters.crc_mismatches;
+    return error(ctx, "ERR CRC mismatch: the client sent crc32c " + std::to_string(*transfer->expected_crc) +
+                          ", the server read " + std::to_string(crc) + "; the key is unchanged");
+  }
+  rm::String* name = api.CreateString(ctx, transfer->key.data(), transfer->key.size());
+  rm::Key* key = api.OpenKey(ctx, name, rm::write);
+  api.StringSet(key, transfer->value);
+  api.CloseKey(key);
+  api.NotifyKeyspaceEvent(ctx, rm::notify_string, "set", name);
+  api.Replicate(ctx, "SET", "ss", name, transfer->value);
+  api.FreeString(ctx, name);
+  return api.ReplyWithSimpleString(ctx, "OK");
+}
+
+// Always runs, once per transfer, on the main thread, whether the client is there or not.
+void release(rm::Ctx*, void* data) {
+  auto* transfer = static_cast<Transfer*>(data);
+  auto& counters = module->counters;
+  raise(counters.handoff_max_ns, now_ns() - transfer->completed_ns);
+  if (transfer->outcome) {
+    ++counters.transfers_ok;
+    (transfer->set ? counters.bytes_read : counters.bytes_written) += transfer->length;
+  } else {
+    ++counters.transfers_failed;
+    if (transfer->outcome.error() == std::errc::timed_out) ++counters.transfers_timed_out;
+  }
+  --(transfer->set ? counters.sets_in_flight : counters.gets_in_flight);
+  if (transfer->value != nullptr) api.FreeString(nullptr, transfer->value);
+  if (!transfer->set && transfer->bytes != nullptr) api.Free(transfer->bytes);
+  delete transfer;
+}
+
+void client_left(rm::Ctx*, rm::BlockedClient*) { ++module->counters.replies_dropped; }
+
+// Blocks the client and submits; the completer unblocks it.
+void start(rm::Ctx* ctx, Transfer* transfer, const dma::PeerAddress& peer, std::uint64_t rkey, std::uint64_t address) {
+  auto& counters = module->counters;
+  ++(transfer->set ? counters.sets_in_flight : counters.gets_in_flight);
+  transfer->blocked = api.BlockClient(ctx, reply, nullptr, release, 0);
+  api.SetDisconnectCallback(transfer->blocked, client_left);
+  dma::TransferRequest<Operation> request;
+  request.client_id = api.GetClientId(ctx);
+  request.peer_address = peer;
+  request.remote_key = rkey;
+  request.remote_address = address;
+  request.direction = transfer->set ? dma::Direction::FromPeer : dma::Direction::ToPeer;
+  request.length = transfer->length;
+  request.want_checksum = true;
+  request.caller_context = Operation{transfer};
+  if (module->service->submit(std::move(request))) {
+    transfer->outcome = dma::Outcome(dma::make_error_code(dma::errc::shutdown));
+    transfer->completed_ns = now_ns();
+    api.UnblockClient(transfer->blocked, transfer);
+  }
+}
+
+// The DMA.HELLO address of this connection, or null after replying an error.
+const dma::PeerAddress* peer_of(rm::Ctx* ctx, std::string_view command) {
+  if (!module->service) {
+    error(ctx, "ERR the dma module is shutting down");
+    return nullptr;
+  }
+  const auto it = module->peers.find(api.GetClientId(ctx));
+  if (it == module->peers.end()) {
+    error(ctx, "ERR DMA.HELLO first: this connection has no fabric address");
+    return nullptr;
+  }
+  if (api.GetContextFlags(ctx) & rm::ctx_flags_deny_blocking) {
+    error(ctx, "ERR " + std::string(command) +
+                   " cannot run inside MULTI or a script: it blocks its client until the transfer completes");
+    return nullptr;
+  }
+  return &it->second;
+}
+
+struct Window {
+  std::uint64_t rkey = 0, address = 0, length = 0;
+};
+
+// `<rkey> <remote-addr> <length>`; replies the error and returns nullopt when one is wrong.
+std::optional<Window> parse_window(rm::Ctx* ctx, rm::String** fields, const char* length_name) {
+  const auto rkey = dma::parse_u64(view(fields[0]));
+  const auto address = dma::parse_u64(view(fields[1]));
+  const auto length = dma::parse_u64(view(fields[2]));
+  std::string why;
+  if (!rkey) {
+    why = "ERR invalid rkey '" + std::string(view(fields[0]).substr(0, 32)) + "'";
+  } else if (!address) {
+    why = "ERR invalid remote address '" + std::string(view(fields[1]).substr(0, 32)) + "'";
+  } else if (!length) {
+    why = "ERR invalid " + std::string(length_name) + " '" + std::string(view(fields[2]).substr(0, 32)) + "'";
+  } else if (*length > UINT64_MAX - *address) {
+    why = "ERR the remote range overflows";
+  }
+  if (!why.empty()) {
+    error(ctx, why);
+    return std::nullopt;
+  }
+  return Window{*rkey, *address, *length};
+}
+
+int hello(rm::Ctx* ctx, rm::String** argv, int argc) {
+  if (argc != 2) return api.WrongArity(ctx);
+  if (!module->service) return error(ctx, "ERR the dma module is shutting down");
+  auto& counters = module->counters;
+  const std::uint64_t id = api.GetClientId(ctx);
+  if (module->peers.contains(id)) return error(ctx, "ERR DMA.HELLO was already sent on this connection");
+  auto reject = [&](const std::string& why) {
+    ++counters.hellos_rejected;
+    return error(ctx, "ERR invalid fabric address: " + why);
+  };
+  const std::string_view hex = view(argv[1]);
+  if (hex.size() > 2 * dma::PeerAddress::capacity) return reject("longer than any supported format");
+  std::error_code ec;
+  const auto address = dma::decode_hex(hex, ec);
+  if (ec) return reject("not hex");
+  if (ec = dma::validate_address(address, module->info.addr_format); ec) return reject(ec.message());
+  if (!module->options.allow_any_fabric_host) {
+    rm::ClientInfo client;
+    if (api.GetClientInfoById(&client, id) != rm::ok) return reject("the connection's own address is unknown");
+    if (client.flags & rm::clientinfo_flag_unixsocket) return reject("a unix-socket connection names no host");
+    const auto peer = asio::ip::make_address(client.addr, ec);
+    if (ec) return reject(std::string("the connection's address '") + client.addr + "' is not an IP");
+    if (auto why = kv::check_same_host(address, module->info.addr_format, peer); !why.empty()) return reject(why);
+  }
+  module->service->add_peer(id, address, ec);  // a round trip to the fabric thread, once per client
+  if (ec) return reject("inserting it: " + ec.message());
+  module->peers.emplace(id, address);
+  ++counters.hellos;
+  ++counters.dma_clients;
+  api.ReplyWithArray(ctx, 3);
+  api.ReplyWithStringBuffer(ctx, module->address_hex.data(), module->address_hex.size());
+  api.ReplyWithLongLong(ctx, static_cast<long long>(id));
+  return api.ReplyWithLongLong(ctx, static_cast<long long>(module->options.max_value));
+}
+
+int dma_set(rm::Ctx* ctx, rm::String** argv, int argc) {
+  if (argc != 5 && argc != 6) return api.WrongArity(ctx);
+  const dma::PeerAddress* peer = peer_of(ctx, "DMA.SET");
+  if (peer == nullptr) return rm::ok;
+  const auto window = parse_window(ctx, argv + 2, "length");
+  if (!window) return rm::ok;
+  std::optional<std::uint32_t> expected;
+  if (argc == 6) {
+    const auto crc = dma::parse_u64(view(argv[5]));
+    if (!crc || *crc > UINT32_MAX) return error(ctx, "ERR invalid crc32c '" + std::string(view(argv[5])) + "'");
+    expected = static_cast<std::uint32_t>(*crc);
+  }
+  const std::size_t max_value = module->options.max_value;
+  if (window->length > max_value) {
+    return error(ctx, "ERR value of " + std::to_string(window->length) + " bytes exceeds the limit of " +
+                          std::to_string(max_value));
+  }
+  const auto length = static_cast<std::size_t>(window->length);
+  // A string the server allocates (so it counts in used_memory and maxmemory), which the read
+  // fills and StringSet then stores: Redis 7.0 keeps this very object, Valkey 8.1 copies it.
+  const std::int64_t began = now_ns();
+  rm::String* value = api.CreateString(nullptr, nullptr, length);
+  auto& counters = module->counters;
+  counters.set_alloc_ns += static_cast<std::uint64_t>(now_ns() - began);
+  counters.set_alloc_bytes += length;
+  if (length == 0) {
+    if (expected && *expected != 0) {
+      api.FreeString(nullptr, value);
+      return error(ctx, "ERR CRC mismatch: an empty value has crc32c 0");
+    }
+    rm::Key* key = api.OpenKey(ctx, argv[1], rm::write);
+    api.StringSet(key, value);
+    api.CloseKey(key);
+    api.NotifyKeyspaceEvent(ctx, rm::notify_string, "set", argv[1]);
+    api.Replicate(ctx, "SET", "ss", argv[1], value);
+    api.FreeString(nullptr, value);
+    return api.ReplyWithSimpleString(ctx, "OK");
+  }
+  auto* transfer = new Transfer;
+  transfer->set = true;
+  transfer->key = view(argv[1]);
+  transfer->value = value;
+  // Written before anyone else sees the string: it is stored only after the read completed.
+  transfer->bytes = reinterpret_cast<std::byte*>(const_cast<char*>(view(value).data()));
+  transfer->length = length;
+  transfer->expected_crc = expected;
+  start(ctx, transfer, *peer, window->rkey, window->address);
+  return rm::ok;
+}
+
+int dma_get(rm::Ctx* ctx, rm::String** argv, int argc) {
+  if (argc != 5) return api.WrongArity(ctx);
+  const dma::PeerAddress* peer = peer_of(ctx, "DMA.GET");
+  if (peer == nullptr) return rm::ok;
+  const auto window = parse_window(ctx, argv + 2, "capacity");
+  if (!window) return rm::ok;
+  rm::Key* key = api.OpenKey(ctx, argv[1], rm::read);
+  if (key == nullptr || api.KeyType(key) == rm::keytype_empty) {
+    if (key != nullptr) api.CloseKey(key);
+    return error(ctx, "ERR no such key");
+  }
+  if (api.KeyType(key) != rm::keytype_string) {
+    api.CloseKey(key);
+    return error(ctx, "WRONGTYPE Operation against a key holding the wrong kind of value");
+  }
+  std::size_t length = 0;
+  const char* stored = api.StringDMA(key, &length, rm::read);
+  if (length > window->length) {
+    api.CloseKey(key);
+    return error(ctx, "ERR the value is " + std::to_string(length) + " bytes, the client's buffer holds " +
+                          std::to_string(window->length));
+  }
+  if (length == 0) {
+    api.CloseKey(key);
+    api.ReplyWithArray(ctx, 2);
+    api.ReplyWithLongLong(ctx, 0);
+    return api.ReplyWithLongLong(ctx, 0);
+  }
+  // The stored bytes may change (APPEND, SETRANGE) or go (DEL) once this command returns, and
+  // Redis 7.0 has no call that holds a key's value: the transfer writes from a copy.
+  auto& counters = module->counters;
+  const std::int64_t began = now_ns();
+  auto* copy = static_cast<std::byte*>(api.Alloc(length));
+  std::memcpy(copy, stored, length);
+  api.CloseKey(key);
+  counters.get_copy_ns += static_cast<std::uint64_t>(now_ns() - began);
+  counters.get_copy_bytes += length;
+  ++counters.get_copies;
+  auto* transfer = new Transfer;
+  transfer->key = view(argv[1]);
+  transfer->bytes = copy;
+  transfer->length = length;
+  start(ctx, transfer, *peer, window->rkey, window->address);
+  return rm::ok;
+}
+
+std::string info_text() {
+  const auto& c = module->counters;
+  std::string s;
+  auto line = [&](std::string_view field, const auto& value) {
+    s += field;
+    s += ':';
+    if constexpr (std::is_convertible_v<decltype(value), std::string_view>) {
+      s += std::string_view(value);
+    } else {
+      s += std::to_string(value);
+    }
+    s += "\r\n";
+  };
+  s += "# Server\r\n";
+  line("server", "dma-module");
+  line("libfabric_version", dma::fabric_version());
+  line("provider", module->info.provider);
+  line("fabric_address", module->address_hex);
+  line("any_fabric_host", module->options.allow_any_fabric_host ? "yes" : "no");
+  line("max_value", module->options.max_value);
+  s += "\r\n# Clients\r\n";
+  line("dma_clients", c.dma_clients);
+  line("hellos", c.hellos);
+  line("hellos_rejected", c.hellos_rejected);
+  s += "\r\n# Transfers\r\n";
+  line("outstanding", module->service ? module->service->outstanding() : 0);
+  line("dma_sets_in_flight", c.sets_in_flight);
+  line("dma_gets_in_flight", c.gets_in_flight);
+  line("transfers_ok", c.transfers_ok);
+  line("transfers_failed", c.transfers_failed);
+  line("transfers_timed_out", c.transfers_timed_out);
+  line("crc_mismatches", c.crc_mismatches);
+  line("replies_dropped", c.replies_dropped);
+  line("bytes_read_from_clients", c.bytes_read);
+  line("bytes_written_to_clients", c.bytes_written);
+  line("get_copies", c.get_copies);
+  line("get_copy_bytes", c.get_copy_bytes);
+  line("get_copy_us", c.get_copy_ns / 1000);
+  line("set_alloc_bytes", c.set_alloc_bytes);
+  line("set_alloc_us", c.set_alloc_ns / 1000);
+  line("completions_handed", c.handed.load(std::memory_order_relaxed));
+  line("completer_max_us", c.completer_max_ns.load(std::memory_order_relaxed) / 1000);
+  line("handoff_max_us", c.handoff_max_ns.load(std::memory_order_relaxed) / 1000);
+  if (module->service) {
+    const auto m = module->service->metrics();
+    s += "\r\n# Service\r\n";
+    line("posted", m.posted);
+    line("completed", m.completed);
+    line("failed", m.failed);
+    line("eagain", m.eagain);
+    line("fd_wakeups", m.fd_wakeups);
+    line("backstop_hits", m.backstop_hits);
+    line("registrations", m.registrations);
+    line("cache_entries", m.cache_entries);
+    line("completer_failures", module->service->completer_failures());
+  }
+  return s;
+}
+
+int dma_info(rm::Ctx* ctx, rm::String**, int argc) {
+  if (argc != 1) return api.WrongArity(ctx);
+  const std::string text = info_text();
+  return api.ReplyWithStringBuffer(ctx, text.data(), text.size());
+}
+
+bool busy() {
+  const auto& c = module->counters;
+  return c.sets_in_flight + c.gets_in_flight > 0 || (module->service && module->service->outstanding() > 0);
+}
+
+// Stops the service: posted transfers finish (bounded by the progress deadline) and every
+// completion reaches the completer before this returns.
+void stop() {
+  module->service.reset();
+  if (module->pool) module->pool->join();
+}
+
+void client_changed(rm::Ctx*, rm::Event, std::uint64_t subevent, void* data) {
+  if (subevent != rm::subevent_client_disconnected || module == nullptr) return;
+  const auto* client = static_cast<const rm::ClientInfo*>(data);
+  if (module->peers.erase(client->id) == 0) return;
+  --module->counters.dma_clients;
+  if (module->service) module->service->remove_peer(client->id);
+}
+
+void shutting_down(rm::Ctx*, rm::Event, std::uint64_t, void*) {
+  if (module != nullptr) stop();
+}
+
+int load(rm::Ctx* ctx, rm::String** argv, int argc) {
+  std::vector<std::string_view> arguments;
+  for (int i = 0; i < argc; ++i)
+    arguments.push_back(view(argv[i]));
+  auto loaded = std::make_unique<Module>();
+  if (auto why = dma_module::parse_options(arguments, loaded->options); !why.empty()) {
+    api.Log(ctx, "warning", "dma: %s", why.c_str());
+    return rm::err;
+  }
+  try {
+    const auto configuration = loaded->options.configuration();
+    if (loaded->options.pool_threads > 0) loaded->pool = std::make_shared<dma::Pool>(loaded->options.pool_threads);
+    module = loaded.get();  // the completer reads the counters through it
+    loaded->service = Service::start(configuration, hand_over, loaded->pool);
+  } catch (const std::exception& e) {
+    module = nullptr;
+    api.Log(ctx, "warning", "dma: starting the fabric service: %s", e.what());
+    return rm::err;
+  }
+  loaded->info = loaded->service->describe();
+  loaded->address_hex = dma::encode_hex(loaded->service->local_address());
+  module = loaded.release();
+  struct Command {
+    const char* name;
+    rm::CmdFunc function;
+    const char* flags;
+    int first_key;
+  };
+  const Command commands[] = {
+      {"dma.hello", hello, "readonly", 0},
+      {"dma.set", dma_set, "write deny-oom", 1},
+      {"dma.get", dma_get, "readonly", 1},
+      {"dma.info", dma_info, "readonly fast", 0},
+  };
+  for (const auto& c : commands) {
+    if (api.CreateCommand(ctx, c.name, c.function, c.flags, c.first_key, c.first_key, c.first_key) != rm::ok) {
+      api.Log(ctx, "warning", "dma: creating the command %s", c.name);
+      stop();
+      delete std::exchange(module, nullptr);
+      return rm::err;
+    }
+  }
+  api.SubscribeToServerEvent(ctx, rm::event_client_change, client_changed);
+  api.SubscribeToServerEvent(ctx, rm::event_shutdown, shutting_down);
+  api.Log(ctx, "notice", "dma: fabric %s, address %s, max-value %zu", module->info.provider.c_str(),
+          module->address_hex.c_str(), module->options.max_value);
+  return rm::ok;
+}
+
+}  // namespace
+
+extern "C" __attribute__((visibility("default"))) int RedisModule_OnLoad(rm::Ctx* ctx, rm::String** argv, int argc) {
+  const char* missing = nullptr;
+  if (!rm::bind(ctx, &missing)) return rm::err;  // no Log without the API: the server says the load failed
+  if (api.IsModuleNameBusy("dma")) return rm::err;
+  api.SetModuleAttribs(ctx, "dma", 1, rm::api_version_1);
+  return load(ctx, argv, argc);
+}
+
+// Refused while a transfer is in flight: its completion would call into unloaded code.
+extern "C" __attribute__((visibility("default"))) int RedisModule_OnUnload(rm::Ctx* ctx) {
+  if (module == nullptr) return rm::ok;
+  if (busy()) {
+    api.Log(ctx, "warning", "dma: not unloading with transfers in flight");
+    return rm::err;
+  }
+  stop();
+  delete std::exchange(module, nullptr);
+  return rm::ok;
+}

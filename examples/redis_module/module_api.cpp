@@ -1,0 +1,70 @@
+#include "module_api.hpp"
+
+#include <cstring>
+#include <string>
+
+namespace rm {
+
+namespace {
+
+// One entry per call: its documented name and where its pointer goes.
+struct Slot {
+  const char* name;
+  void* target;
+};
+
+template <typename F>
+Slot slot(const char* name, F& pointer) {
+  return Slot{name, static_cast<void*>(&pointer)};
+}
+
+}  // namespace
+
+bool bind(Ctx* ctx, const char** missing) {
+  // The context's first word is the server's lookup function (the documented RedisModule_Init).
+  void* lookup = nullptr;
+  std::memcpy(&lookup, static_cast<void*>(ctx), sizeof lookup);
+  api.GetApi = reinterpret_cast<int (*)(const char*, void*)>(reinterpret_cast<std::uintptr_t>(lookup));
+  const Slot slots[] = {
+      slot("IsModuleNameBusy", api.IsModuleNameBusy),
+      slot("SetModuleAttribs", api.SetModuleAttribs),
+      slot("CreateCommand", api.CreateCommand),
+      slot("SubscribeToServerEvent", api.SubscribeToServerEvent),
+      slot("Log", api.Log),
+      slot("WrongArity", api.WrongArity),
+      slot("ReplyWithError", api.ReplyWithError),
+      slot("ReplyWithSimpleString", api.ReplyWithSimpleString),
+      slot("ReplyWithLongLong", api.ReplyWithLongLong),
+      slot("ReplyWithArray", api.ReplyWithArray),
+      slot("ReplyWithStringBuffer", api.ReplyWithStringBuffer),
+      slot("GetContextFlags", api.GetContextFlags),
+      slot("CreateString", api.CreateString),
+      slot("FreeString", api.FreeString),
+      slot("StringPtrLen", api.StringPtrLen),
+      slot("OpenKey", api.OpenKey),
+      slot("CloseKey", api.CloseKey),
+      slot("KeyType", api.KeyType),
+      slot("StringSet", api.StringSet),
+      slot("StringDMA", api.StringDMA),
+      slot("NotifyKeyspaceEvent", api.NotifyKeyspaceEvent),
+      slot("Replicate", api.Replicate),
+      slot("BlockClient", api.BlockClient),
+      slot("UnblockClient", api.UnblockClient),
+      slot("GetBlockedClientPrivateData", api.GetBlockedClientPrivateData),
+      slot("SetDisconnectCallback", api.SetDisconnectCallback),
+      slot("GetClientId", api.GetClientId),
+      slot("GetClientInfoById", api.GetClientInfoById),
+      slot("Alloc", api.Alloc),
+      slot("Free", api.Free),
+  };
+  for (const Slot& s : slots) {
+    const std::string name = std::string("RedisModule_") + s.name;
+    if (api.GetApi(name.c_str(), s.target) != ok) {
+      *missing = s.name;
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace rm

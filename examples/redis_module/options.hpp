@@ -1,0 +1,33 @@
+// The module's arguments (`--loadmodule dma-module.so key value ...`), parsed apart from any server
+// so the parser can be tested alone.
+#pragma once
+
+#include <dma/configuration.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+
+namespace dma_module {
+
+struct Options {
+  std::string config;  ///< a TOML file whose [dma-libfabric] table configures the service
+  std::string bind = "127.0.0.1";
+  bool bind_given = false;
+  bool efa = false;
+  std::size_t max_value = std::size_t{16} << 20;
+  bool allow_any_fabric_host = false;
+  std::size_t pool_threads = 2;            ///< 0: no pool, CRCs on the fabric thread
+  std::uint64_t transfer_deadline_ms = 0;  ///< 0: the configuration's
+
+  /// The service's configuration: the TOML file's table, then these overrides. Throws
+  /// dma::ConfigurationError for a bad file.
+  dma::Configuration configuration() const;
+};
+
+/// Parses `key value` pairs; returns "" or what was wrong, naming the key and the value.
+std::string parse_options(std::span<const std::string_view> arguments, Options& options);
+
+}  // namespace dma_module

@@ -1,0 +1,638 @@
+// dma-module.so inside a real server: redis-server 7.0 (Debian's), or the program named by
+// DMA_MODULE_SERVER (CI points it at a Valkey 8.1 built from ../shared/valkey/). Each test starts
+// its own server on a free loopback port with --loadmodule and stops it by its PID. Exits 77
+// (skipped) when the server program is missing.
+#define CATCH_CONFIG_RUNNER  // Catch2 v2: this file has its own main
+#include "process.hpp"
+
+#include "pattern.hpp"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
+#include <asio/executor_work_guard.hpp>
+
+#include <cstring>
+#include <filesystem>
+
+using namespace side_channel_test;
+
+namespace {
+
+std::string module_server_program() {
+  const char* path = std::getenv("DMA_MODULE_SERVER");
+  return path != nullptr && *path != '\0' ? path : "redis-server";
+}
+// Absolute: the server changes into its --dir before it loads the module.
+std::string module_path() {
+  return std::filesystem::absolute(program("DMA_MODULE", "../redis_module/dma-module.so")).string();
+}
+
+bool runnable(const std::string& name) {
+  return name.find('/') != std::string::npos ? access(name.c_str(), X_OK) == 0 : on_path(name);
+}
+
+std::uint16_t free_port() {
+  asio::io_context io;
+  asio::ip::tcp::acceptor acceptor(io, asio::ip::tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0));
+  return acceptor.local_endpoint().port();
+}
+
+bool answers_ping(std::uint16_t port) {
+  try {
+    Resp resp(port);
+    resp.send_raw("PING\r\n");
+    const auto reply = resp.reply_or_close();
+    return reply && reply->text == "PONG";
+  } catch (const std::system_error&) {
+    return false;
+  }
+}
+
+// A scratch folder, removed with everything in it when it goes (also when a constructor that
+// holds one fails).
+class Scratch {
+ public:
+  Scratch() {
+    char path[] = "/tmp/dma-module-test-XXXXXX";
+    REQUIRE(mkdtemp(path) != nullptr);
+    path_ = path;
+  }
+  ~Scratch() {
+    std::error_code ignored;
+    std::filesystem::remove_all(path_, ignored);
+  }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  const std::string& path() const noexcept { return path_; }
+
+ private:
+  std::string path_;
+};
+
+// redis-server (or Valkey) with the module loaded, on a free loopback port, with its files in a
+// scratch folder. Killed by its PID at the end unless it has exited.
+class ModuleServer {
+ public:
+  explicit ModuleServer(std::vector<std::string> server_options = {}, std::vector<std::string> module_options = {})
+      : dir_(scratch_.path()) {
+    for (int attempt = 0; attempt < 5 && !child_; ++attempt) {
+      port_ = free_port();
+      std::vector<std::string> arguments{module_server_program(),
+                                         "--port",
+                                         std::to_string(port_),
+                                         "--bind",
+                                         "127.0.0.1",
+                                         "--dir",
+                                         dir_,
+                                         "--logfile",
+                                         dir_ + "/server.log",
+                                         "--save",
+                                         "",
+                                         "--appendonly",
+                                         "no",
+                                         "--enable-module-command",
+                                         "local",
+                                         "--enable-debug-command",
+                                         "local"};
+      arguments.insert(arguments.end(), server_options.begin(), server_options.end());
+      arguments.push_back("--loadmodule");
+      arguments.push_back(module_path());
+      arguments.insert(arguments.end(), module_options.begin(), module_options.end());
+      child_.emplace(arguments);
+      bool ready = false;
+      for (int i = 0; i < 500 && !ready; ++i) {  // 10 s
+        if (child_->wait(20ms) != -1) break;     // exited: the port was taken, or the load failed
+        ready = answers_ping(port_);
+      }
+      if (!ready) child_.reset();
+    }
+    INFO("server log:\n" << log());
+    REQUIRE(child_);
+  }
+  ~ModuleServer() { child_.reset(); }
+  ModuleServer(const ModuleServer&) = delete;
+  ModuleServer& operator=(const ModuleServer&) = delete;
+
+  std::uint16_t port() const noexcept { return port_; }
+  std::string port_text() const { return std::to_string(port_); }
+  Child& child() { return *child_; }
+  std::string log() const {
+    std::ifstream in(dir_ + "/server.log");
+    std::stringstream text;
+    text << in.rdbuf();
+    return text.str();
+  }
+
+ private:
+  Scratch scratch_;
+  std::string dir_;
+  std::uint16_t port_ = 0;
+  std::optional<Child> child_;
+};
+
+// A field of the server's own INFO.
+std::string server_info(Resp& resp, const std::string& field) {
+  const auto reply = resp.command({"INFO"});
+  std::stringstream in{std::string(reply.text)};
+  for (std::string line; std::getline(in, line);) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.rfind(field + ":", 0) == 0) return line.substr(field.size() + 1);
+  }
+  return {};
+}
+
+// A peer in the test process with one buffer. Its progress runs only once resume() is called, so
+// a transfer to it stays in flight until then.
+class Peer {
+ public:
+  explicit Peer(std::size_t size, bool running = true)
+      : target_(io_, configuration()), work_(asio::make_work_guard(io_)), memory_(size) {
+    region_ = target_.expose(memory_);
+    if (running) resume();
+  }
+  ~Peer() {
+    region_ = dma::Target::Region();
+    work_.reset();
+    io_.stop();
+    if (thread_.joinable()) thread_.join();
+  }
+  void resume() {
+    thread_ = std::thread([this] { io_.run(); });
+  }
+  std::string address_hex() const { return dma::encode_hex(target_.local_address()); }
+  std::string rkey() const { return std::to_string(region_.advertisement().remote_key); }
+  std::string offset() const { return std::to_string(region_.advertisement().remote_address); }
+  std::span<std::byte> memory() { return memory_; }
+  std::vector<std::string> window(const char* command, const std::string& key, std::size_t length) const {
+    return {command, key, rkey(), offset(), std::to_string(length)};
+  }
+
+ private:
+  static dma::Configuration configuration() {
+    dma::Configuration c;
+    c.bind = "127.0.0.1";
+    return c;
+  }
+  asio::io_context io_;
+  dma::Target target_;
+  asio::executor_work_guard<asio::io_context::executor_type> work_;
+  std::vector<std::byte> memory_;
+  dma::Target::Region region_;
+  std::thread thread_;
+};
+
+std::string encode(const std::vector<std::string>& arguments) {
+  std::vector<std::string_view> views(arguments.begin(), arguments.end());
+  std::string out;
+  kv::resp::encode_command(out, views);
+  return out;
+}
+
+void require_ok(const kv::resp::Reply& reply) {
+  INFO("reply: " << reply.text);
+  REQUIRE(reply.type == kv::resp::Reply::Type::simple);
+  REQUIRE(reply.text == "OK");
+}
+
+void require_error(const kv::resp::Reply& reply, std::string_view contains) {
+  INFO("reply: " << reply.text);
+  REQUIRE(reply.is_error());
+  CHECK(reply.text.find(contains) != std::string_view::npos);
+}
+
+void hello(Resp& resp, const Peer& peer) {
+  const auto reply = resp.command({"DMA.HELLO", peer.address_hex()});
+  INFO("DMA.HELLO replied " << reply.text);
+  REQUIRE(reply.type == kv::resp::Reply::Type::array);
+}
+
+std::string pattern_text(const std::string& key, std::size_t length) {
+  const kv::Pattern pattern(length);
+  const auto bytes = pattern.value(kv::seed_of(key), length);
+  return std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+}
+
+std::vector<std::string> client(const ModuleServer& server, std::vector<std::string> arguments) {
+  std::vector<std::string> all{client_program(), "--port", server.port_text()};
+  all.insert(all.end(), arguments.begin(), arguments.end());
+  return all;
+}
+
+// Runs dma-kv-client to its end; returns what it printed, requiring exit 0.
+std::string run_client(const ModuleServer& server, std::vector<std::string> arguments) {
+  Child run(client(server, std::move(arguments)));
+  const std::string out = run.rest(60s);
+  INFO("dma-kv-client printed: " << out);
+  REQUIRE(run.wait(20s) == 0);
+  return out;
+}
+
+// Waits (bounded) until a DMA.INFO number reaches `value`.
+std::uint64_t wait_for(Resp& resp, const std::string& field, std::uint64_t value,
+                       std::chrono::milliseconds bound = 20s) {
+  const auto deadline = std::chrono::steady_clock::now() + bound;
+  std::uint64_t now = info_value(resp, field);
+  while (now != value && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(10ms);
+    now = info_value(resp, field);
+  }
+  return now;
+}
+
+// Waits (bounded) until a DMA.INFO number is above 0: transfers are under way.
+bool wait_for_any(Resp& resp, const std::string& field, std::chrono::milliseconds bound = 20s) {
+  const auto deadline = std::chrono::steady_clock::now() + bound;
+  while (info_value(resp, field) == 0) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(10ms);
+  }
+  return true;
+}
+
+std::vector<std::string> bench(std::vector<std::string> options) {
+  std::vector<std::string> all{"bench", "--arms", "dma", "--json"};
+  all.insert(all.end(), options.begin(), options.end());
+  return all;
+}
+
+void require_clean_bench(Child& run) {
+  const auto json = run.rest(120s);
+  INFO("bench printed: " << json);
+  CHECK(run.wait(20s) == 0);
+  CHECK(json_number(json, "dma", "ops") > 0);
+  CHECK(json_number(json, "dma", "errors") == 0);
+  CHECK(json_number(json, "dma", "mismatches") == 0);
+}
+
+// A client that keeps moving 4 MiB values: after its first SET only DMA.GETs, or only DMA.SETs.
+Child victim(const ModuleServer& server, bool gets) {
+  return Child(client(server, bench({"--clients", "1", "--sizes", "4M", "--ratio", gets ? "1:0" : "0:1", "--duration",
+                                     "30", "--keys", "1", "--key-prefix", gets ? "victim-get" : "victim-set"})));
+}
+
+}  // namespace
+
+TEST_CASE("values of 1 B to 4 MiB stored by DMA.SET read back byte-exact by DMA.GET and by GET", "[module]") {
+  ModuleServer server;
+  Resp resp(server.port());
+  for (const std::size_t size : {1ul, 44ul, 45ul, 4096ul, 65536ul, 1ul << 20, 4ul << 20}) {
+    const std::string key = "value-" + std::to_string(size);
+    INFO("size " << size);
+    run_client(server, {"set", key, "--size", std::to_string(size)});
+    const auto out = run_client(server, {"get", key});
+    CHECK(out.find("the bytes are the pattern") != std::string::npos);
+    const auto reply = resp.command({"GET", key});
+    REQUIRE(reply.type == kv::resp::Reply::Type::bulk);
+    CHECK(reply.text == pattern_text(key, size));
+  }
+  CHECK(info_value(resp, "transfers_failed") == 0);
+  CHECK(info_value(resp, "crc_mismatches") == 0);
+}
+
+TEST_CASE("redis-cli GET reads a DMA.SET value and DMA.GET reads a value from SET", "[module]") {
+  ModuleServer server;
+  const Scratch folder;
+  const std::string path = folder.path() + "/value";
+  const std::string text = "a value that arrived by RMA\nwith two lines";
+  std::ofstream(path, std::ios::binary) << text;
+  run_client(server, {"set", "from-rma", "--file", path});
+  Child cli({"redis-cli", "-p", server.port_text(), "GET", "from-rma"});
+  CHECK(cli.rest(30s) == text + "\n");
+  CHECK(cli.wait(30s) == 0);
+
+  Resp resp(server.port());
+  const std::string inline_value = pattern_text("from-set", 300000);
+  require_ok(resp.command({"SET", "from-set", inline_value}));
+  run_client(server, {"get", "from-set", "--out", path});
+  std::ifstream in(path, std::ios::binary);
+  const std::string landed((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  CHECK(landed == inline_value);
+}
+
+TEST_CASE("APPEND, SETRANGE and DEL during an in-flight DMA.GET leave the client the old value", "[module]") {
+  ModuleServer server;
+  Peer peer(1 << 20, false);
+  Resp getter(server.port());
+  Resp other(server.port());
+  const std::string old_value = pattern_text("changing", 1 << 20);
+  require_ok(other.command({"SET", "changing", old_value}));
+  hello(getter, peer);
+  getter.send_raw(encode(peer.window("DMA.GET", "changing", 1 << 20)));
+  REQUIRE(wait_for(other, "dma_gets_in_flight", 1) == 1);
+
+  CHECK(other.command({"APPEND", "changing", "tail"}).integer == (1 << 20) + 4);
+  CHECK(other.command({"SETRANGE", "changing", "0", "XXXX"}).integer == (1 << 20) + 4);
+  CHECK(other.command({"GET", "changing"}).text.substr(0, 4) == "XXXX");
+  CHECK(other.command({"DEL", "changing"}).integer == 1);
+  CHECK(info_value(other, "dma_gets_in_flight") == 1);  // all three ran while the write was in flight
+
+  peer.resume();
+  const auto reply = getter.reply();
+  REQUIRE(reply.type == kv::resp::Reply::Type::array);
+  REQUIRE(reply.elements.size() == 2);
+  CHECK(reply.elements[0].integer == 1 << 20);
+  const auto landed = peer.memory().first(1 << 20);
+  CHECK(std::memcmp(landed.data(), old_value.data(), old_value.size()) == 0);
+  CHECK(static_cast<std::uint32_t>(reply.elements[1].integer) == dma::checksum(landed));
+}
+
+TEST_CASE("DMA.HELLO binds one fabric address of the client's own host per connection", "[module]") {
+  ModuleServer server;
+  Peer peer(4096);
+  Resp resp(server.port());
+  require_error(resp.command(peer.window("DMA.SET", "k", 16)), "DMA.HELLO first");
+  sockaddr_in in{};
+  in.sin_family = AF_INET;
+  in.sin_port = htons(4000);
+  REQUIRE(inet_pton(AF_INET, "10.1.2.3", &in.sin_addr) == 1);
+  std::vector<std::uint8_t> other_host(sizeof in);
+  std::memcpy(other_host.data(), &in, sizeof in);
+  require_error(resp.command({"DMA.HELLO", dma::encode_hex(other_host)}), "invalid fabric address");
+  require_error(resp.command({"DMA.HELLO", "zz"}), "not hex");
+  const auto id = resp.command({"CLIENT", "ID"}).integer;
+  const auto reply = resp.command({"DMA.HELLO", peer.address_hex()});
+  REQUIRE(reply.type == kv::resp::Reply::Type::array);
+  REQUIRE(reply.elements.size() == 3);
+  CHECK(reply.elements[1].integer == id);
+  CHECK(reply.elements[2].integer == 16 << 20);
+  require_error(resp.command({"DMA.HELLO", peer.address_hex()}), "already sent");
+  CHECK(info_value(resp, "hellos_rejected") == 2);
+  CHECK(info_value(resp, "dma_clients") == 1);
+}
+
+TEST_CASE("MULTI and Lua refuse DMA.SET and DMA.GET instead of blocking", "[module]") {
+  ModuleServer server;
+  Peer peer(4096);
+  Resp resp(server.port());
+  hello(resp, peer);
+  require_ok(resp.command({"SET", "k", "v"}));
+  require_ok(resp.command({"MULTI"}));
+  CHECK(resp.command(peer.window("DMA.GET", "k", 4096)).text == "QUEUED");
+  CHECK(resp.command(peer.window("DMA.SET", "k", 16)).text == "QUEUED");
+  const auto exec = resp.command({"EXEC"});
+  REQUIRE(exec.type == kv::resp::Reply::Type::array);
+  REQUIRE(exec.elements.size() == 2);
+  for (const auto& element : exec.elements) {
+    INFO("EXEC element: " << element.text);
+    CHECK(element.is_error());
+    CHECK(element.text.find("MULTI") != std::string_view::npos);
+  }
+  require_error(resp.command({"EVAL", "return redis.call('DMA.GET', 'k', KEYS[1], '0', '4096')", "1", peer.rkey()}),
+                "ERR");
+  CHECK(resp.command({"GET", "k"}).text == "v");
+  CHECK(info_value(resp, "outstanding") == 0);  // nothing was submitted
+  CHECK(resp.command({"PING"}).text == "PONG");
+}
+
+TEST_CASE("8 clients with 2 killed in the middle of transfers: the others see no error", "[module][kill]") {
+  ModuleServer server;
+  Resp probe(server.port());
+  const auto baseline = std::stoull(server_info(probe, "used_memory"));
+  Child others(client(server, bench({"--clients", "6", "--sizes", "4K-1M", "--duration", "4"})));
+  std::this_thread::sleep_for(300ms);
+  Child getter = victim(server, true);
+  Child setter = victim(server, false);
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  int caught = 0;
+  bool getter_alive = true;
+  while (caught < 2 && std::chrono::steady_clock::now() < deadline) {
+    if (getter_alive && info_value(probe, "dma_gets_in_flight") > 0) {
+      getter.kill_now();
+      getter_alive = false;
+      ++caught;
+    }
+    if (!getter_alive && info_value(probe, "dma_sets_in_flight") > 0) {
+      setter.kill_now();
+      ++caught;
+    }
+    std::this_thread::sleep_for(200us);
+  }
+  CHECK(caught == 2);
+  require_clean_bench(others);
+  // Whatever the killed setter left under its key is one whole value it wrote, never part of one.
+  const auto left = probe.command({"GET", "victim-set:0:0"});
+  if (left.type == kv::resp::Reply::Type::bulk) {
+    const kv::Pattern pattern(4 << 20);
+    REQUIRE(left.text.size() == 4u << 20);
+    bool whole = false;
+    for (std::size_t seed = 0; seed < kv::pattern_offsets && !whole; ++seed)
+      whole = std::memcmp(left.text.data(), pattern.value(seed, 4 << 20).data(), 4 << 20) == 0;
+    CHECK(whole);
+  }
+  CHECK(wait_for(probe, "outstanding", 0) == 0);
+  CHECK(wait_for(probe, "dma_sets_in_flight", 0) == 0);
+  CHECK(wait_for(probe, "dma_gets_in_flight", 0) == 0);
+  CHECK(wait_for(probe, "dma_clients", 0) == 0);
+  // Every value the killed clients left half-read was freed: with the keys gone, the server's
+  // memory is back near where it started.
+  require_ok(probe.command({"FLUSHALL", "SYNC"}));
+  const auto after = std::stoull(server_info(probe, "used_memory"));
+  INFO("used_memory " << baseline << " before, " << after << " after");
+  CHECK(after < baseline + (1u << 20));
+}
+
+TEST_CASE("BGSAVE with transfers in flight saves while every client reads back what it wrote", "[module]") {
+  ModuleServer server;
+  Resp admin(server.port());
+  Child load(client(server, bench({"--clients", "4", "--sizes", "4K-1M", "--duration", "3"})));
+  REQUIRE(wait_for_any(admin, "transfers_ok"));
+  for (int round = 0; round < 2; ++round) {
+    const auto saved = admin.command({"BGSAVE"});
+    INFO("BGSAVE: " << saved.text);
+    CHECK(!saved.is_error());
+    const auto deadline = std::chrono::steady_clock::now() + 30s;
+    while (server_info(admin, "rdb_bgsave_in_progress") != "0" && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(20ms);
+    CHECK(server_info(admin, "rdb_last_bgsave_status") == "ok");
+  }
+  require_clean_bench(load);
+  CHECK(wait_for(admin, "outstanding", 0) == 0);
+  CHECK(info_value(admin, "transfers_failed") == 0);
+}
+
+TEST_CASE("DEBUG RELOAD with a DMA.SET and a DMA.GET in flight: both complete and the data survives", "[module]") {
+  ModuleServer server;
+  constexpr std::size_t size = 1 << 20;
+  Peer peer(2 * size, false);
+  const std::string old_value = pattern_text("kept", size);
+  const std::string new_value = pattern_text("arriving", size);
+  std::memcpy(peer.memory().data() + size, new_value.data(), size);
+  Resp admin(server.port());
+  Resp getter(server.port());
+  Resp setter(server.port());
+  require_ok(admin.command({"SET", "kept", old_value}));
+  hello(getter, peer);
+  hello(setter, peer);
+  getter.send_raw(encode(peer.window("DMA.GET", "kept", size)));
+  auto set = peer.window("DMA.SET", "arriving", size);
+  set[3] = std::to_string(std::stoull(peer.offset()) + size);
+  set.push_back(std::to_string(dma::checksum(std::as_bytes(std::span(new_value)))));
+  setter.send_raw(encode(set));
+  REQUIRE(wait_for(admin, "outstanding", 2) == 2);
+  require_ok(admin.command({"DEBUG", "RELOAD"}));
+  CHECK(info_value(admin, "outstanding") == 2);  // the reload ran while both were in flight
+  CHECK(admin.command({"EXISTS", "arriving"}).integer == 0);
+  peer.resume();
+  const auto got = getter.reply();
+  REQUIRE(got.type == kv::resp::Reply::Type::array);
+  CHECK(std::memcmp(peer.memory().data(), old_value.data(), size) == 0);
+  require_ok(setter.reply());
+  CHECK(admin.command({"GET", "arriving"}).text == new_value);
+  CHECK(admin.command({"GET", "kept"}).text == old_value);
+  require_ok(admin.command({"DEBUG", "RELOAD"}));
+  CHECK(admin.command({"GET", "arriving"}).text == new_value);
+}
+
+TEST_CASE("MODULE UNLOAD is refused while a transfer is in flight and succeeds after", "[module]") {
+  ModuleServer server;
+  Peer peer(65536, false);
+  Resp getter(server.port());
+  Resp admin(server.port());
+  require_ok(admin.command({"SET", "k", pattern_text("k", 65536)}));
+  hello(getter, peer);
+  getter.send_raw(encode(peer.window("DMA.GET", "k", 65536)));
+  REQUIRE(wait_for(admin, "dma_gets_in_flight", 1) == 1);
+  const auto refused = admin.command({"MODULE", "UNLOAD", "dma"});
+  INFO("MODULE UNLOAD replied " << refused.text);
+  CHECK(refused.is_error());
+  peer.resume();
+  const auto reply = getter.reply();
+  CHECK(reply.type == kv::resp::Reply::Type::array);
+  REQUIRE(wait_for(admin, "dma_gets_in_flight", 0) == 0);
+  REQUIRE(wait_for(admin, "outstanding", 0) == 0);  // the completer returns just after it unblocks
+  require_ok(admin.command({"MODULE", "UNLOAD", "dma"}));
+  CHECK(admin.command({"DMA.INFO"}).is_error());
+  CHECK(admin.command({"GET", "k"}).text == pattern_text("k", 65536));
+  CHECK(admin.command({"PING"}).text == "PONG");
+}
+
+TEST_CASE("SHUTDOWN with transfers in flight ends the server without a crash", "[module]") {
+  ModuleServer server;
+  Resp admin(server.port());
+  Child load(client(server, bench({"--clients", "4", "--sizes", "1M-4M", "--duration", "20"})));
+  REQUIRE(wait_for_any(admin, "transfers_ok"));
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (info_value(admin, "outstanding") == 0 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(200us);
+  admin.send_raw(encode({"SHUTDOWN", "NOSAVE"}));
+  CHECK(server.child().wait(30s) == 0);
+  load.kill_now();
+  const auto log = server.log();
+  INFO("server log:\n" << log);
+  CHECK(log.find("crashed") == std::string::npos);
+  CHECK(log.find("ready to exit") != std::string::npos);
+}
+
+TEST_CASE("a long command on the main thread does not hold up the fabric thread", "[module]") {
+  ModuleServer server;
+  Peer peer(1 << 20, false);
+  Resp getter(server.port());
+  Resp sleeper(server.port());
+  require_ok(sleeper.command({"SET", "k", pattern_text("k", 1 << 20)}));
+  hello(getter, peer);
+  getter.send_raw(encode(peer.window("DMA.GET", "k", 1 << 20)));
+  REQUIRE(wait_for(sleeper, "dma_gets_in_flight", 1) == 1);
+  sleeper.send_raw(encode({"DEBUG", "SLEEP", "2"}));
+  std::this_thread::sleep_for(300ms);  // the main thread is asleep by now: it had nothing else to do
+  peer.resume();                       // the write completes while the main thread sleeps
+  CHECK(sleeper.reply().text == "OK");
+  const auto reply = getter.reply();
+  REQUIRE(reply.type == kv::resp::Reply::Type::array);
+  CHECK(std::memcmp(peer.memory().data(), pattern_text("k", 1 << 20).data(), 1 << 20) == 0);
+  // The completion waited for the main thread (it was handed over during the sleep), but the
+  // completer that handed it over did not wait for anything.
+  const auto handoff = info_value(sleeper, "handoff_max_us");
+  const auto completer = info_value(sleeper, "completer_max_us");
+  INFO("handoff " << handoff << " us, completer " << completer << " us");
+  CHECK(handoff >= 500000);
+  CHECK(completer < 100000);
+}
+
+TEST_CASE("DMA.SET values count in used_memory and meet maxmemory's deny-oom", "[module]") {
+  ModuleServer server({"--maxmemory", "12mb", "--maxmemory-policy", "noeviction"});
+  Peer peer(4 << 20);
+  Resp resp(server.port());
+  hello(resp, peer);
+  const auto before = std::stoull(server_info(resp, "used_memory"));
+  require_ok(resp.command(peer.window("DMA.SET", "big-0", 4 << 20)));
+  const auto after = std::stoull(server_info(resp, "used_memory"));
+  INFO("used_memory " << before << " before, " << after << " after");
+  CHECK(after >= before + (4u << 20));
+  bool refused = false;
+  for (int i = 1; i < 5 && !refused; ++i) {
+    const auto reply = resp.command(peer.window("DMA.SET", "big-" + std::to_string(i), 4 << 20));
+    refused = reply.is_error();
+    if (refused) {
+      INFO("reply: " << reply.text);
+      CHECK(reply.text.rfind("OOM", 0) == 0);
+    }
+  }
+  CHECK(refused);
+  CHECK(wait_for(resp, "outstanding", 0) == 0);
+}
+
+TEST_CASE("a DMA.SET reaches the append-only file: DEBUG LOADAOF brings the value back", "[module]") {
+  ModuleServer server({"--appendonly", "yes", "--appendfsync", "always"});
+  constexpr std::size_t size = 300000;
+  Peer peer(size);
+  const std::string value = pattern_text("logged", size);
+  std::memcpy(peer.memory().data(), value.data(), size);
+  Resp resp(server.port());
+  hello(resp, peer);
+  require_ok(resp.command(peer.window("DMA.SET", "logged", size)));
+  require_ok(resp.command(peer.window("DMA.SET", "empty", 0)));
+  require_ok(resp.command({"DEBUG", "LOADAOF"}));
+  CHECK(resp.command({"GET", "logged"}).text == value);
+  const auto empty = resp.command({"GET", "empty"});
+  CHECK(empty.type == kv::resp::Reply::Type::bulk);
+  CHECK(empty.text.empty());
+}
+
+TEST_CASE("the module takes its configuration from its arguments: keys, or a TOML file", "[module]") {
+  {
+    ModuleServer server(
+        {}, {"config", std::string(DMA_SOURCE_ROOT) + "/config/tcp.toml", "max-value", "1000", "pool-threads", "1"});
+    Peer peer(4096);
+    Resp resp(server.port());
+    const auto reply = resp.command({"DMA.HELLO", peer.address_hex()});
+    REQUIRE(reply.type == kv::resp::Reply::Type::array);
+    CHECK(reply.elements[2].integer == 1000);
+    require_error(resp.command(peer.window("DMA.SET", "k", 1001)), "exceeds the limit of 1000");
+    CHECK(info_field(resp, "provider").rfind("tcp", 0) == 0);
+  }
+  // A refused argument or file makes the load, and so the server's start, fail with the reason in
+  // the log.
+  const Scratch folder;
+  const std::string scratch = folder.path();
+  const std::string bad_file = scratch + "/bad.toml";
+  std::ofstream(bad_file) << "[dma-libfabric]\nno_such_key = 1\n";
+  const std::vector<std::pair<std::vector<std::string>, std::string>> refusals{
+      {{"max-value", "lots"}, "max-value takes a whole number"},
+      {{"colour", "blue"}, "unknown argument 'colour'"},
+      {{"config"}, "has no value"},
+      {{"config", bad_file}, "no_such_key"},
+  };
+  for (const auto& [arguments, reason] : refusals) {
+    std::vector<std::string> all{module_server_program(), "--port", std::to_string(free_port())};
+    all.insert(all.end(), {"--logfile", scratch + "/log", "--loadmodule", module_path()});
+    all.insert(all.end(), arguments.begin(), arguments.end());
+    Child server(all);
+    CHECK(server.wait(30s) == 1);
+    std::ifstream in(scratch + "/log");
+    const std::string log((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    INFO("server log:\n" << log);
+    CHECK(log.find(reason) != std::string::npos);
+    std::filesystem::remove(scratch + "/log");
+  }
+}
+
+int main(int argc, char* argv[]) {
+  const std::string server = module_server_program();
+  if (!runnable(server)) {
+    std::printf("%s not found: apt-get install redis-server, or point DMA_MODULE_SERVER at a server; skipped\n",
+                server.c_str());
+    return 77;
+  }
+  return Catch::Session().run(argc, argv);
+}

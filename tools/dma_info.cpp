@@ -77,6 +77,8 @@ struct Entry {
 /// Opens the endpoint the library would open on this entry's domain and reads what it chose.
 void read_uses(Entry& entry, dma::Configuration configuration) {
   configuration.interfaces = {entry.domain};
+  // From 1.18 tcp offers native tcp, then rxm: each entry reports the endpoint it would give.
+  if (entry.provider.find("ofi_rxm") != std::string::npos) configuration.tcp_protocol = dma::TcpProtocol::rxm;
   dma::Endpoint endpoint;
   std::error_code ec;
   endpoint.open(configuration, ec);

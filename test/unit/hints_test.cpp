@@ -65,8 +65,8 @@ std::optional<Answer> efa_direct_2_6(const fi_info& hints, EfaDevice device) {
   return a;
 }
 
-// tcp and shm never put FI_RX_CQ_DATA in mode (prov/tcp/src/xnet_init.c, prov/shm/src/smr_attr.c:
-// mode 0); their RMA needs no posted receive.
+// tcp and shm set no mode bit (2.6 prov/tcp/src/xnet_attr.c, prov/shm/src/smr_attr.c: no FI_RX_CQ_DATA
+// anywhere); their RMA needs no posted receive.
 std::optional<Answer> no_receive_provider(const fi_info& hints, EfaDevice) { return Answer{0, hints.caps, 256}; }
 
 struct Row {

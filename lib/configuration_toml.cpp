@@ -411,6 +411,7 @@ const std::array keys{
     key<&Configuration::notification_queue>("notification_queue", {1, mebi}),
     key<&Configuration::max_segment_bytes, Bytes>("max_segment_bytes", {0, std::numeric_limits<std::int64_t>::max()}),
     key<&Configuration::segment_window>("segment_window", {1, 16}),
+    key<&Configuration::efa_rnr_retry>("efa_rnr_retry", {0, 7}),
     key<&Configuration::endpoints>("endpoints", {1, 16}),
     key<&Configuration::stripe_threshold, Bytes>("stripe_threshold", {1, std::numeric_limits<std::int64_t>::max()}),
     key<&Configuration::force_local_registration>("force_local_registration"),

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <string_view>
 
 namespace dma {
 namespace {
@@ -172,8 +173,14 @@ void Endpoint::open_objects(const Configuration& configuration, std::error_code&
   info_.max_msg_size = info.ep_attr->max_msg_size;
   info_.iov_limit = info.tx_attr->iov_limit;
   info_.rma_iov_limit = info.tx_attr->rma_iov_limit;
-  transmit_complete_flag_ =
-      detail::configured_provider(configuration) == Provider::efa_direct ? FI_TRANSMIT_COMPLETE : FI_INJECT_COMPLETE;
+  const detail::AnswerUse use = detail::read_answer(info, configuration, fi_version());
+  transmit_complete_flag_ = use.transmit_flag;
+  info_.delivery_confirmed = use.delivery_confirmed;
+  info_.immediate_data_receives = use.target_receives;
+  info_.max_rma_size = 0;
+  info_.rma_emulated.reset();
+  rnr_retry_.reset();
+  if (detail::configured_provider(configuration) == Provider::efa_direct) rnr_retry_ = configuration.efa_rnr_retry;
 
   auto check = [&](int code, const char* step) {
     if (code != 0) {
@@ -190,7 +197,33 @@ void Endpoint::open_objects(const Configuration& configuration, std::error_code&
   open_cq(configuration, ec);
   if (ec) return;
   endpoint_ = open_endpoint(ec);
-  if (!ec) read_local_address(ec);
+  if (ec) return;
+  read_rma_limits();
+  read_local_address(ec);
+}
+
+// The engine sizes segments by the fi_info's max_msg_size; efa-direct's may be the larger of the
+// device's message and RDMA limits, so an RMA is held to FI_OPT_MAX_RMA_SIZE by lowering it here.
+void Endpoint::read_rma_limits() noexcept {
+  if (!detail::endpoint_answers_size_options(fi_version())) return;
+  std::size_t max_rma = 0;
+  std::size_t length = sizeof max_rma;
+  if (fi_getopt(&endpoint_.get()->fid, FI_OPT_ENDPOINT, detail::endpoint_option::max_rma_size, &max_rma, &length) ==
+          0 &&
+      max_rma != 0) {
+    info_.max_rma_size = max_rma;
+    if (fi_info_->ep_attr->max_msg_size == 0 || fi_info_->ep_attr->max_msg_size > max_rma) {
+      fi_info_->ep_attr->max_msg_size = max_rma;
+    }
+    info_.max_msg_size = fi_info_->ep_attr->max_msg_size;
+  }
+  if (std::string_view(info_.provider).rfind("efa", 0) != 0) return;
+  bool emulated = false;
+  length = sizeof emulated;
+  if (fi_getopt(&endpoint_.get()->fid, FI_OPT_ENDPOINT, detail::endpoint_option::efa_emulated_write, &emulated,
+                &length) == 0) {
+    info_.rma_emulated = emulated;
+  }
 }
 
 detail::Fid<fid_ep> Endpoint::open_endpoint(std::error_code& ec) {
@@ -205,6 +238,14 @@ detail::Fid<fid_ep> Endpoint::open_endpoint(std::error_code& ec) {
   if (!check(fi_endpoint(domain_.get(), fi_info_.get(), ep.out(), nullptr), "fi_endpoint")) return {};
   if (!check(fi_ep_bind(ep.get(), &av_.get()->fid, 0), "fi_ep_bind(av)")) return {};
   if (!check(fi_ep_bind(ep.get(), &cq_.get()->fid, FI_TRANSMIT | FI_RECV), "fi_ep_bind(cq)")) return {};
+  if (rnr_retry_) {
+    // efa takes it only before fi_enable, when it creates the queue pair.
+    const std::size_t retry = *rnr_retry_;
+    if (!check(fi_setopt(&ep.get()->fid, FI_OPT_ENDPOINT, detail::endpoint_option::efa_rnr_retry, &retry, sizeof retry),
+               "fi_setopt(FI_OPT_EFA_RNR_RETRY)")) {
+      return {};
+    }
+  }
   if (!check(fi_enable(ep.get()), "fi_enable")) return {};
   return ep;
 }
@@ -261,7 +302,7 @@ void Endpoint::open_cq(const Configuration& configuration, std::error_code& ec) 
   // Room for many peers' credits: a peer that stops answering holds its credits until their
   // deadline, and the others post meanwhile.
   attr.size = configuration.cq_size != 0 ? configuration.cq_size : std::max<std::size_t>(1024, 2 * wanted_credits);
-  attr.wait_obj = detail::progress_wait_mode(configuration) == WaitMode::busy_poll ? FI_WAIT_NONE : FI_WAIT_FD;
+  attr.wait_obj = detail::read_answer(*fi_info_, configuration, fi_version()).cq_wait;
   int code = fi_cq_open(domain_.get(), &attr, cq_.out(), nullptr);
   if (code != 0 && attr.wait_obj == FI_WAIT_FD) {
     // shm and efa-with-shm refuse an fd; the service then polls on its executor.

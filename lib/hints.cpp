@@ -5,7 +5,9 @@
 #include <rdma/fi_domain.h>
 #include <rdma/fi_endpoint.h>
 #include <rdma/fi_errno.h>
+#include <rdma/fi_ext.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -17,9 +19,9 @@ namespace {
 // Before 1.18, tcp offers RDM only through rxm; naming the layering keeps fi_getinfo from ever
 // resolving to `net`, whose wait fd stays readable while idle. From 1.18 on, "tcp" alone is the
 // native provider, and "tcp;ofi_rxm" still picks rxm, which is what peers on 1.17 speak.
-std::string hinted_provider_name(const Configuration& configuration, Provider provider) {
+std::string hinted_provider_name(const Configuration& configuration, Provider provider, std::uint32_t version) {
   std::string name(provider_name(provider));
-  const bool rxm = configuration.tcp_protocol == TcpProtocol::rxm || tcp_rdm_is_rxm_only(fi_version());
+  const bool rxm = configuration.tcp_protocol == TcpProtocol::rxm || tcp_rdm_is_rxm_only(version);
   if (provider == Provider::tcp && rxm) name += ";ofi_rxm";
   return name;
 }
@@ -30,6 +32,26 @@ bool tcp_rdm_is_rxm_only(std::uint32_t version) noexcept { return FI_MAJOR(versi
 
 bool rxm_eager_limit_is_its_own_setting(std::uint32_t version) noexcept { return tcp_rdm_is_rxm_only(version); }
 
+// docs/notes/efa-direct.md has the provider source each of these comes from.
+bool efa_direct_cq_takes_wait_fd(std::uint32_t version) noexcept {
+  return FI_MAJOR(version) > 2 || (FI_MAJOR(version) == 2 && FI_MINOR(version) >= 3);
+}
+
+bool efa_direct_asks_rx_cq_data(std::uint32_t version) noexcept {
+  return FI_MAJOR(version) > 2 || (FI_MAJOR(version) == 2 && FI_MINOR(version) >= 4);
+}
+
+bool endpoint_answers_size_options(std::uint32_t version) noexcept { return FI_MAJOR(version) >= 2; }
+
+#if FI_MAJOR_VERSION >= 2
+// Built against 2.x headers: the declarations above must agree with libfabric's.
+static_assert(endpoint_option::shared_memory_permitted == FI_OPT_SHARED_MEMORY_PERMITTED);
+static_assert(endpoint_option::max_rma_size == FI_OPT_MAX_RMA_SIZE);
+static_assert(endpoint_option::efa_emulated_read == FI_OPT_EFA_EMULATED_READ);
+static_assert(endpoint_option::efa_emulated_write == FI_OPT_EFA_EMULATED_WRITE);
+#endif
+static_assert(endpoint_option::efa_rnr_retry == FI_OPT_EFA_RNR_RETRY);
+
 namespace {
 
 // What native tcp grants when asked (65536 at most); its default is 256, rxm's 2048. It caps the
@@ -37,21 +59,64 @@ namespace {
 // entries come from a pool that grows with use.
 constexpr std::size_t native_tcp_tx_size = 2048;
 
-void set_hints(fi_info& hints, const Configuration& configuration, Provider provider) {
+}  // namespace
+
+void fill_hints(fi_info& hints, const Configuration& configuration, Provider provider, std::uint32_t version) {
   hints.caps = FI_MSG | FI_RMA | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE;
   hints.ep_attr->type = FI_EP_RDM;
   hints.domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_VIRT_ADDR;
   // Every call for one endpoint runs on one strand, so the provider may skip its own locks.
   hints.domain_attr->threading = FI_THREAD_DOMAIN;
-  hints.fabric_attr->prov_name = strdup(hinted_provider_name(configuration, provider).c_str());
-  if (provider == Provider::tcp && hinted_provider_name(configuration, provider) == "tcp") {
+  const std::string name = hinted_provider_name(configuration, provider, version);
+  hints.fabric_attr->prov_name = strdup(name.c_str());
+  if (provider == Provider::tcp && name == "tcp") {
     hints.tx_attr->size = native_tcp_tx_size;
   }
   if (const auto fabric = fabric_name(provider)) hints.fabric_attr->name = strdup(std::string(*fabric).c_str());
-  if (provider == Provider::efa_direct) hints.mode |= FI_CONTEXT2;  // efa-direct requires it
+  if (provider == Provider::efa_direct) {
+    hints.mode |= FI_CONTEXT2;  // efa-direct requires it
+    // Without it a device lacking unsolicited write receive offers no efa-direct with FI_RMA; with
+    // it in the answer, the Target posts the receives that writes with immediate data consume.
+    if (efa_direct_asks_rx_cq_data(version)) hints.mode |= FI_RX_CQ_DATA;
+  }
   // rx_attr->size stays the provider's: with a tiny receive queue (16), rxm 1.17 over tcp crashed
   // in fi_close of an endpoint replaced while a peer was frozen (docs/notes/performance.md).
 }
+
+AnswerUse read_answer(const fi_info& answer, const Configuration& configuration, std::uint32_t version) noexcept {
+  const Provider provider = configured_provider(configuration);
+  AnswerUse use;
+  const bool polls = progress_wait_mode(configuration) == WaitMode::busy_poll ||
+                     (provider == Provider::efa_direct && !efa_direct_cq_takes_wait_fd(version));
+  use.cq_wait = polls ? FI_WAIT_NONE : FI_WAIT_FD;
+  // tcp treats FI_TRANSMIT_COMPLETE as FI_DELIVERY_COMPLETE; efa-direct knows only the former.
+  use.transmit_flag = provider == Provider::efa_direct ? FI_TRANSMIT_COMPLETE : FI_INJECT_COMPLETE;
+  // efa-direct's RMA path takes FI_DELIVERY_COMPLETE and ignores it: its tx op_flags hold only
+  // FI_TRANSMIT_COMPLETE, and a write completes when the device reports the work request done.
+  use.delivery_confirmed = provider != Provider::efa_direct;
+  if ((answer.mode & FI_RX_CQ_DATA) != 0) {
+    const std::size_t rx_size = answer.rx_attr != nullptr && answer.rx_attr->size != 0 ? answer.rx_attr->size : 1;
+    use.target_receives = std::max<std::size_t>(1, std::min(rx_size, configuration.notification_queue));
+  }
+  return use;
+}
+
+std::string_view completion_guarantee(Provider provider, CompletionLevel level, const AnswerUse& use) noexcept {
+  if (level == CompletionLevel::delivery && use.delivery_confirmed) {
+    return "the peer has the bytes: a refused write (bad key, range, access) fails";
+  }
+  if (provider == Provider::efa_direct) {
+    return "the device reports the write done and the local buffer may be reused; not that the bytes are in "
+           "the peer's memory: the peer's Target notification (immediate data) says that";
+  }
+  if (provider == Provider::tcp) {
+    return "the local buffer may be reused; a write the peer refuses still completes, and the next transfer on "
+           "the connection fails";
+  }
+  return "the local buffer may be reused; that the peer accepted the write is not confirmed";
+}
+
+namespace {
 
 struct ProcessState {
   std::mutex mutex;
@@ -133,7 +198,7 @@ InfoList query_info(const Configuration& configuration, std::error_code& ec, std
            ") has tcp RDM only as tcp;ofi_rxm";
     return {};
   }
-  set_hints(*hints, configuration, provider);
+  fill_hints(*hints, configuration, provider, fi_version());
   if (configuration.bind && configuration.bind->find('\0') != std::string::npos) {
     ec = errc::invalid_configuration;
     what = "invalid source node";

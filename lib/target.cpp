@@ -7,6 +7,7 @@
 #include "cq_watcher.hpp"
 #include "log.hpp"
 #include "notification_queue.hpp"
+#include "target_receives.hpp"
 
 #include <asio/bind_allocator.hpp>
 #include <asio/error.hpp>
@@ -115,11 +116,12 @@ struct Target::State : std::enable_shared_from_this<State> {
   struct Sink {
     State& state;
     void completed(const fi_cq_data_entry& entry, detail::DrainPlace) noexcept {
-      if ((entry.flags & FI_REMOTE_CQ_DATA) == 0) return;
+      if (!state.receives.notifies(entry)) return;
       (void)state.queue.push({entry.data, entry.len, entry.flags});
     }
     void first_done() noexcept {}
     int failed(fid_cq* cq, const fi_cq_err_entry& entry) noexcept {
+      if (state.receives.owns_error(entry)) return 0;
       if (!detail::log_occurrence(++state.errors)) return 0;
       state.log(LogLevel::warning, [&] {
         return "target completion error: " + detail::error_detail(cq, entry, true) + "; " +
@@ -227,6 +229,7 @@ struct Target::State : std::enable_shared_from_this<State> {
   executor_type executor;
   mutable std::mutex mutex;
   Endpoint endpoint;
+  detail::TargetReceives receives;  // where writes with immediate data consume posted receives
   detail::Log log;
   Watcher watcher;
   std::uint64_t errors = 0;
@@ -243,6 +246,9 @@ struct Target::State : std::enable_shared_from_this<State> {
 Target::Target(const executor_type& executor, const Configuration& configuration)
     : state_(std::make_shared<State>(executor, configuration)) {
   state_->endpoint.open(configuration, Endpoint::CqFormat::data);
+  std::error_code ec;
+  state_->receives.open(state_->endpoint, ec);
+  throw_if(ec, "posting the receives for writes with immediate data");
   state_->start();
 }
 

@@ -1,9 +1,11 @@
 // dma-info: what dma-libfabric can open on this machine. For each provider the library supports
 // (or the one named by --provider) it asks libfabric with the library's own hints, opens each
 // fabric and domain found, and reports their attributes in libfabric's names (fi_tostr_r), as a
-// table or --json. With --config it asks what that configuration would open: the file's provider,
-// bind address and interfaces, unless --provider or --bind say otherwise. Exit 0: something usable
-// was found; 2: nothing (the message says what was tried) or a bad option or configuration file.
+// table or --json, with what the library itself will use there (wait object, what a completion
+// guarantees, segment size, in-flight limit, receives for immediate data). With --config it asks what that
+// configuration would open: the file's provider, bind address and interfaces, unless --provider or --bind say
+// otherwise. Exit 0: something usable was found; 2: nothing (the message says what was tried) or a bad option or
+// configuration file.
 #include "hints.hpp"
 
 #include <dma/dma.hpp>
@@ -55,11 +57,56 @@ constexpr std::pair<fi_wait_obj, const char*> wait_objects[] = {
     {FI_WAIT_YIELD, "FI_WAIT_YIELD"}, {FI_WAIT_POLLFD, "FI_WAIT_POLLFD"},
 };
 
+/// What the library itself will use on an entry: an Endpoint opened with its configuration.
+struct Uses {
+  std::string wait_object;         // FI_WAIT_FD, or FI_WAIT_NONE where progress polls
+  std::string delivery, transmit;  // what a completed write of each CompletionLevel guarantees
+  bool delivery_confirmed = true;
+  std::size_t segment_bytes = 0, max_rma_size = 0, in_flight_limit = 0, credits = 0, immediate_data_receives = 0;
+  std::optional<bool> rma_emulated;
+};
+
 struct Entry {
   std::string provider, fabric, domain, addr_format, threading, progress;
   std::vector<std::string> mr_mode, caps, wait_objects;
   std::size_t max_msg_size = 0, rma_iov_limit = 0, tx_size = 0, rx_size = 0;
+  std::optional<Uses> uses;
+  std::string uses_error;  // why no endpoint opened, when uses is empty
 };
+
+/// Opens the endpoint the library would open on this entry's domain and reads what it chose.
+void read_uses(Entry& entry, dma::Configuration configuration) {
+  configuration.interfaces = {entry.domain};
+  // From 1.18 tcp offers native tcp, then rxm: each entry reports the endpoint it would give.
+  if (entry.provider.find("ofi_rxm") != std::string::npos) configuration.tcp_protocol = dma::TcpProtocol::rxm;
+  dma::Endpoint endpoint;
+  std::error_code ec;
+  endpoint.open(configuration, ec);
+  if (ec) {
+    entry.uses_error = endpoint.failed_step() + ": " + ec.message();
+    return;
+  }
+  const dma::EndpointInfo info = endpoint.describe();
+  const dma::Provider provider = dma::detail::configured_provider(configuration);
+  dma::detail::AnswerUse use;
+  use.delivery_confirmed = info.delivery_confirmed;
+  Uses u;
+  u.wait_object = info.wait_fd ? "FI_WAIT_FD" : "FI_WAIT_NONE";
+  u.delivery = dma::detail::completion_guarantee(provider, dma::CompletionLevel::delivery, use);
+  u.transmit = dma::detail::completion_guarantee(provider, dma::CompletionLevel::transmit, use);
+  u.delivery_confirmed = info.delivery_confirmed;
+  u.segment_bytes = info.max_msg_size;
+  if (configuration.max_segment_bytes != 0 &&
+      (u.segment_bytes == 0 || configuration.max_segment_bytes < u.segment_bytes)) {
+    u.segment_bytes = configuration.max_segment_bytes;
+  }
+  u.max_rma_size = info.max_rma_size;
+  u.in_flight_limit = info.in_flight_limit;
+  u.credits = info.credits;
+  u.immediate_data_receives = info.immediate_data_receives;
+  u.rma_emulated = info.rma_emulated;
+  entry.uses = u;
+}
 
 /// Opens the fabric and domain of info and a CQ with each wait object; nullopt with `why` set if
 /// the fabric or domain does not open.
@@ -130,6 +177,7 @@ std::vector<Entry> discover(const dma::Configuration& base, dma::Provider provid
       continue;
     }
     if (!seen.insert({entry->provider, entry->fabric, entry->domain, entry->addr_format}).second) continue;
+    read_uses(*entry, configuration);
     entries.push_back(std::move(*entry));
   }
   if (entries.empty()) tried.push_back(label + ": fi_getinfo found entries, none opened: " + failures);
@@ -167,6 +215,22 @@ std::string joined(const std::vector<std::string>& items) {
   return out.empty() ? "-" : out;
 }
 
+std::string json_uses(const Entry& e) {
+  if (!e.uses) return "null, \"uses_error\": " + quoted(e.uses_error);
+  const Uses& u = *e.uses;
+  char numbers[256];
+  std::snprintf(numbers, sizeof numbers,
+                "\"segment_bytes\": %zu, \"max_rma_size\": %zu, \"in_flight_limit\": %zu, \"credits\": %zu, "
+                "\"immediate_data_receives\": %zu",
+                u.segment_bytes, u.max_rma_size, u.in_flight_limit, u.credits, u.immediate_data_receives);
+  return "{\"wait_object\": " + quoted(u.wait_object) +
+         ", \"polls\": " + (u.wait_object == "FI_WAIT_FD" ? "false" : "true") +
+         ", \"completion\": {\"delivery\": " + quoted(u.delivery) + ", \"transmit\": " + quoted(u.transmit) +
+         "}, \"delivery_confirmed\": " + (u.delivery_confirmed ? "true" : "false") + ", " + numbers +
+         ", \"immediate_data_needs_receives\": " + (u.immediate_data_receives != 0 ? "true" : "false") +
+         ", \"rma_emulated\": " + (u.rma_emulated ? (*u.rma_emulated ? "true" : "false") : "null") + "}";
+}
+
 void print_json(const std::vector<Entry>& entries) {
   std::printf("{\n  \"dma_libfabric\": %s,\n  \"libfabric\": %s,\n  \"entries\": [\n",
               quoted(std::string(dma::version())).c_str(), quoted(dma::fabric_version()).c_str());
@@ -175,11 +239,11 @@ void print_json(const std::vector<Entry>& entries) {
     std::printf(
         "    {\"provider\": %s, \"fabric\": %s, \"domain\": %s, \"addr_format\": %s, \"mr_mode\": %s, "
         "\"caps\": %s, \"max_msg_size\": %zu, \"rma_iov_limit\": %zu, \"tx_size\": %zu, \"rx_size\": %zu, "
-        "\"wait_objects\": %s, \"threading\": %s, \"data_progress\": %s}%s\n",
+        "\"wait_objects\": %s, \"threading\": %s, \"data_progress\": %s, \"libfabric\": %s, \"uses\": %s}%s\n",
         quoted(e.provider).c_str(), quoted(e.fabric).c_str(), quoted(e.domain).c_str(), quoted(e.addr_format).c_str(),
         json_list(e.mr_mode).c_str(), json_list(e.caps).c_str(), e.max_msg_size, e.rma_iov_limit, e.tx_size, e.rx_size,
         json_list(e.wait_objects).c_str(), quoted(e.threading).c_str(), quoted(e.progress).c_str(),
-        i + 1 < entries.size() ? "," : "");
+        quoted(dma::fabric_version()).c_str(), json_uses(e).c_str(), i + 1 < entries.size() ? "," : "");
   }
   std::printf("  ]\n}\n");
 }
@@ -193,6 +257,20 @@ void print_text(const std::vector<Entry>& entries) {
     std::printf("max_msg_size: %zu\nrma_iov_limit: %zu\ntx_size: %zu\nrx_size: %zu\nwait_objects: %s\n", e.max_msg_size,
                 e.rma_iov_limit, e.tx_size, e.rx_size, joined(e.wait_objects).c_str());
     std::printf("threading: %s\ndata_progress: %s\n", e.threading.c_str(), e.progress.c_str());
+    if (!e.uses) {
+      std::printf("library uses: nothing (%s)\n", e.uses_error.c_str());
+      continue;
+    }
+    const Uses& u = *e.uses;
+    std::printf("library uses:\n  wait object: %s%s\n  delivery completion: %s\n  transmit completion: %s\n",
+                u.wait_object.c_str(), u.wait_object == "FI_WAIT_FD" ? "" : " (progress polls)", u.delivery.c_str(),
+                u.transmit.c_str());
+    std::printf("  segment bytes: %zu\n  max RMA size: %s\n  in-flight limit: %zu\n  credits per peer: %zu\n",
+                u.segment_bytes, u.max_rma_size != 0 ? std::to_string(u.max_rma_size).c_str() : "not reported",
+                u.in_flight_limit, u.credits);
+    std::printf("  immediate data needs posted receives: %s\n",
+                u.immediate_data_receives != 0 ? ("yes, " + std::to_string(u.immediate_data_receives)).c_str() : "no");
+    if (u.rma_emulated) std::printf("  RMA emulated: %s\n", *u.rma_emulated ? "yes" : "no");
   }
 }
 

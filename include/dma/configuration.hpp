@@ -162,6 +162,14 @@ struct Configuration {
   /// The smallest transfer striped across the endpoints (with endpoints > 1).
   std::size_t stripe_threshold = std::size_t{1} << 20;
 
+  /// efa-direct: how often the device resends a write that found the peer not ready to receive,
+  /// 0 to 7, where 7 means for ever (libfabric's default). Only a write with immediate data
+  /// can meet that, where the peer's Target must post a receive for each (libfabric 2.4 and
+  /// later); a lower value turns a stalled Target into a failed write instead of a stuck one.
+  /// Set with FI_OPT_EFA_RNR_RETRY before the endpoint is enabled; on a device that cannot change
+  /// it the endpoint does not open. Ignored by tcp and shm.
+  std::optional<std::size_t> efa_rnr_retry;
+
   /// Register every local operand (FI_MR_LOCAL) even where the provider does not need it, e.g. on
   /// tcp: runs the registration and cache path that efa-direct uses, on a laptop.
   bool force_local_registration = false;

@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <system_error>
@@ -36,9 +37,22 @@ struct EndpointInfo {
   std::size_t in_flight_limit = 0;       ///< transfers posted at once to all peers: min(tx_size, cq_size)
   bool wait_fd = false;                  ///< whether the CQ has an FI_WAIT_FD descriptor
   std::size_t cq_data_size = 0;          ///< domain_attr->cq_data_size: bytes of immediate data a write carries
-  std::size_t max_msg_size = 0;          ///< ep_attr->max_msg_size: the most bytes one post moves
-  std::size_t iov_limit = 0;             ///< tx_attr->iov_limit: local buffers per post
-  std::size_t rma_iov_limit = 0;         ///< tx_attr->rma_iov_limit: remote segments per post
+  std::size_t max_msg_size = 0;          ///< the most bytes one post moves: ep_attr->max_msg_size, at most max_rma_size
+  /// FI_OPT_MAX_RMA_SIZE: the most bytes one RMA moves (on efa-direct the device's largest RDMA,
+  /// which its max_msg_size may exceed); 0 where the provider does not answer (libfabric 1.17).
+  std::size_t max_rma_size = 0;
+  /// efa: whether its RMA is emulated by messages (FI_OPT_EFA_EMULATED_WRITE; always false on
+  /// efa-direct); none where the provider has no such option.
+  std::optional<bool> rma_emulated;
+  /// Whether a write of CompletionLevel::delivery completes only once the peer has the bytes.
+  /// False on efa-direct, whose RMA ignores FI_DELIVERY_COMPLETE: there the peer's Target
+  /// notification (a write with immediate data) is what says the bytes have landed.
+  bool delivery_confirmed = true;
+  /// Receives a Target posts for peers' writes with immediate data, each such write consuming
+  /// one (the provider answered FI_RX_CQ_DATA: efa-direct from libfabric 2.4); 0 where none are needed.
+  std::size_t immediate_data_receives = 0;
+  std::size_t iov_limit = 0;      ///< tx_attr->iov_limit: local buffers per post
+  std::size_t rma_iov_limit = 0;  ///< tx_attr->rma_iov_limit: remote segments per post
 
   /// provider, addr_format, mr_mode, caps, requires_local_mr, uses_virtual_addressing: the seed's
   /// six lines, with libfabric's own names (fi_tostr_r) for the address format and every flag.
@@ -156,6 +170,7 @@ class Endpoint {
   void open_cq(const Configuration& configuration, std::error_code& ec);
   detail::Fid<fid_ep> open_endpoint(std::error_code& ec);
   void read_wait_fd() noexcept;
+  void read_rma_limits() noexcept;
   void read_local_address(std::error_code& ec);
 
   detail::InfoList fi_info_;
@@ -169,6 +184,7 @@ class Endpoint {
   int wait_fd_ = -1;
   CqFormat cq_format_ = CqFormat::context;
   std::uint64_t transmit_complete_flag_ = FI_INJECT_COMPLETE;
+  std::optional<std::size_t> rnr_retry_;  ///< set on every endpoint this opens, before fi_enable
   fi_cq_attr cq_attr_{};
   std::string failed_step_;
   LogHandler log_handler_;  ///< the configuration's, for the opens and replacements it logs

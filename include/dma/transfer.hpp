@@ -26,10 +26,22 @@ enum class Direction : std::uint8_t {
 };
 
 /// When a write counts as complete (TransferFields::completion). Reads always complete once the
-/// bytes are in the local buffer.
+/// bytes are in the local buffer. What each level guarantees depends on the provider, on every
+/// libfabric version the library supports (1.17, 2.1, 2.6); EndpointInfo::delivery_confirmed
+/// says which holds for an open endpoint:
+///
+/// | provider   | delivery                                | transmit                          |
+/// |------------|-----------------------------------------|-----------------------------------|
+/// | tcp        | the peer has the bytes                  | the local buffer may be reused    |
+/// | shm        | the peer has the bytes                  | the local buffer may be reused    |
+/// | efa-direct | as transmit: the device reports it done | the local buffer may be reused    |
+///
+/// On efa-direct the provider ignores FI_DELIVERY_COMPLETE; the peer's Target notification (a
+/// write with immediate data, TransferFields::immediate_data) is what says the bytes landed there.
 enum class CompletionLevel : std::uint8_t {
   /// The peer has the bytes (FI_DELIVERY_COMPLETE): a bad key, a range outside the peer's region
-  /// or missing access rights fails this write.
+  /// or missing access rights fails this write. Not on efa-direct, which completes every write
+  /// as `transmit`: there, have the peer answer after its Target's notification.
   delivery,
   /// The local buffer may be reused (FI_INJECT_COMPLETE on tcp, FI_TRANSMIT_COMPLETE on
   /// efa-direct). Cheaper, but on tcp a write the peer refuses completes successfully; the peer

@@ -196,6 +196,7 @@ TEST_CASE("to_toml writes every field and reads back equal", "[configuration][to
   changed.bind = "10.0.0.1";
   changed.max_in_flight = 8;
   changed.crc_pool_threads = 2;
+  changed.efa_rnr_retry = 3;
   changed.port = 7471;
   changed.progress_deadline = 1500ms;
   changed.transfer_deadline = 45s;

@@ -7,6 +7,7 @@
 #include "cq_watcher.hpp"
 #include "log.hpp"
 #include "notification_queue.hpp"
+#include "random_key.hpp"
 
 #include <asio/bind_allocator.hpp>
 #include <asio/error.hpp>
@@ -18,7 +19,6 @@
 
 #include <atomic>
 #include <mutex>
-#include <random>
 
 namespace dma {
 namespace {
@@ -60,14 +60,6 @@ std::size_t checked_queue_capacity(const Configuration& configuration) {
                                                              std::to_string(configuration.notification_queue));
   }
   return configuration.notification_queue;
-}
-
-std::uint64_t random_key() {
-  static thread_local std::mt19937_64 engine{[] {
-    std::random_device device;
-    return (static_cast<std::uint64_t>(device()) << 32) ^ device();
-  }()};
-  return engine();
 }
 
 }  // namespace
@@ -253,6 +245,7 @@ Target::~Target() {
 Target::Region Target::expose(std::span<std::byte> buffer, Access access) {
   std::error_code ec;
   Region region = expose(buffer, access, ec);
+  if (ec && ec.category() == std::system_category()) throw std::system_error(ec, "getrandom for a remote key");
   if (ec) throw std::system_error(ec, "fi_mr_reg of " + std::to_string(buffer.size()) + " bytes for remote access");
   return region;
 }
@@ -267,11 +260,13 @@ Target::Region Target::expose(std::span<std::byte> buffer, Access access, std::e
   Endpoint& endpoint = state_->endpoint;
   const bool provider_keys = (endpoint.describe().mr_mode & FI_MR_PROV_KEY) != 0;
   detail::Fid<fid_mr> mr;
-  // Random keys make a guessed rkey useless; a duplicate (-FI_ENOKEY) just draws again.
+  // Keys from the OS's random source make a guessed rkey useless, and no peer's keys tell it
+  // another's; a duplicate (-FI_ENOKEY) just draws again.
   for (int attempt = 0; attempt < 8; ++attempt) {
     ec.clear();
-    mr = endpoint.register_memory(buffer.data(), buffer.size(), access_bits(access), provider_keys ? 0 : random_key(),
-                                  ec);
+    const std::uint64_t key = provider_keys ? 0 : detail::random_key(ec);
+    if (ec) return {};
+    mr = endpoint.register_memory(buffer.data(), buffer.size(), access_bits(access), key, ec);
     if (ec != fabric_error(-FI_ENOKEY)) break;
   }
   if (ec) return {};

@@ -166,8 +166,10 @@ class Target {
   Target& operator=(const Target&) = delete;
 
   /// Registers buffer for remote access with a random 64-bit requested key (where the provider
-  /// lets the application choose keys) and returns its Region. The buffer must outlive the Region.
-  /// Throws std::system_error (fi_mr_reg's error; an empty buffer is errc::zero_length_region).
+  /// lets the application choose keys), drawn for this buffer alone from the OS's random source
+  /// (getrandom), and returns its Region. The buffer must outlive the Region.
+  /// Throws std::system_error (fi_mr_reg's error; getrandom's errno in the system category when
+  /// the OS gives no random bytes; an empty buffer is errc::zero_length_region).
   Region expose(std::span<std::byte> buffer, Access access = Access::read_write);
   /// As expose(buffer, access), reporting a failure through `ec` and returning an empty Region.
   Region expose(std::span<std::byte> buffer, Access access, std::error_code& ec);

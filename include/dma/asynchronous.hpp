@@ -692,7 +692,9 @@ class FabricService {
     if (!operand.empty()) cacheable = Operands<C>::cacheable_span(request.caller_context);
     const TransferFields fields = request;
     constexpr std::size_t page = 4096;
-    const bool notify = fields.immediate_data.has_value() && !operand.empty();
+    // A read with immediate data is refused at acceptance, on the one part that carries it.
+    const bool notify = fields.immediate_data.has_value() && fields.direction == Direction::ToPeer && !operand.empty();
+    const std::size_t carrier = notify ? parts : parts - 1;  // the one part with the value
     const std::size_t tail = notify ? std::min(page, operand.size()) : 0;
     const std::size_t ops = parts + (notify ? 1 : 0);
     Join* join = Join::create(std::forward<Handler>(handler), std::move(request.caller_context), executor_);
@@ -707,10 +709,8 @@ class FabricService {
       part.want_checksum = false;  // the join computes one over the whole
       part.remote_address = fields.remote_address + offset;
       part.length = length;
-      if (notify && k != parts) {
-        part.immediate_data.reset();                  // the peer hears one, from the notifier
-        part.completion = CompletionLevel::delivery;  // landed, not only sent, before it goes
-      }
+      if (k != carrier) part.immediate_data.reset();                            // the peer hears one
+      if (notify && k != carrier) part.completion = CompletionLevel::delivery;  // landed before it goes
       part.caller_context = {operand.subspan(offset, length), cacheable};
       Part* op = Part::create(typename Join::PartDone{join}, std::move(part), executor_);
       op->sequence = rails_[rail]->next_sequence();

@@ -28,6 +28,7 @@
 #include <mutex>
 #include <optional>
 #include <span>
+#include <utility>
 
 namespace dma::detail {
 

@@ -152,12 +152,16 @@ struct Target::State : std::enable_shared_from_this<State> {
     if (held && !overflowing &&
         (now - std::max(held_since, last_taken) >= hold_while_stalled || now - held_since >= hold_backlog)) {
       overflowing = true;
-      log(LogLevel::warning, [&] {
-        return "target notification queue full (" + std::to_string(queue.capacity()) + " entries) and " +
-               (now - held_since >= hold_backlog ? std::string("held notifications are too old")
-                                                 : std::string("no notification taken for a while")) +
-               ": dropping what does not fit; " + std::to_string(queue.overflows()) + " lost before";
-      });
+      // Logged at the 1st, 2nd, 4th, … time: a Target nobody consumes from overflows every second.
+      if (detail::log_occurrence(++overflow_episodes)) {
+        log(LogLevel::warning, [&] {
+          return "target notification queue full (" + std::to_string(queue.capacity()) + " entries) and " +
+                 (now - held_since >= hold_backlog ? std::string("the oldest held notification waited 10 s")
+                                                   : std::string("none taken for 1 s")) +
+                 ": dropping what does not fit; " + std::to_string(queue.overflows()) + " lost before, " +
+                 std::to_string(overflow_episodes) + " such times so far";
+        });
+      }
     }
     Sink sink{*this};
     for (;;) {
@@ -328,11 +332,12 @@ struct Target::State : std::enable_shared_from_this<State> {
   std::uint64_t errors = 0;
   Timer held_progress;
   detail::NotificationQueue queue;
-  bool holds = false;                             // the provider keeps what the Target leaves unread
-  bool held = false;                              // the queue was full and the provider has entries for it
-  bool overflowing = false;                       // past the hold limits: reading all, dropping what does not fit
-  bool held_progress_armed = false;               // a timer pass is due while entries are held
-  Clock::time_point held_since{};                 // when the provider began holding entries
+  bool holds = false;                // the provider keeps what the Target leaves unread
+  bool held = false;                 // the queue was full and the provider has entries for it
+  bool overflowing = false;          // past the hold limits: reading all, dropping what does not fit
+  bool held_progress_armed = false;  // a timer pass is due while entries are held
+  Clock::time_point held_since{};    // when the provider began holding entries
+  std::uint64_t overflow_episodes = 0;
   Clock::time_point last_taken{};                 // when a consumer last took a notification
   detail::NotificationWaiter* waiters = nullptr;  // oldest first
   detail::NotificationWaiter* last_waiter = nullptr;

@@ -72,8 +72,8 @@ bool provider_holds_unread_entries(const std::string& provider) {
 }
 
 // How long the provider holds notifications while the queue is full: until the consumer has taken
-// none for `stalled`, or the oldest held one has waited `backlog`. A consumer that keeps up never
-// comes near either; one that stopped, or has fallen behind for good, would otherwise make the
+// none for hold_while_stalled, or the provider has not been empty for hold_backlog. A consumer
+// that keeps up never comes near either; one that stopped, or has fallen behind for good, would otherwise make the
 // provider's memory grow (about 114 bytes per held entry on 1.17) without bound.
 constexpr std::chrono::milliseconds hold_while_stalled{1000};
 constexpr std::chrono::milliseconds hold_backlog{10'000};

@@ -181,6 +181,42 @@ class CqWatcher {
     }
   }
 
+  /// What read_some() found.
+  struct Read {
+    std::size_t taken = 0;  ///< successful entries handed to the sink
+    bool drained = false;   ///< the CQ had nothing more (or failed): no entry is left behind
+  };
+
+  /// One fi_cq_read of at most `limit` entries (and at most cq_batch), for a host that must not
+  /// take more than it can keep: every successful entry goes to sink.completed(entry,
+  /// DrainPlace::more). A limit of 0 takes none: on a provider whose CQ is libfabric's util CQ
+  /// (tcp, shm) that still makes progress, and reports whether entries are held. An error entry
+  /// goes to sink.failed(cq, entry).
+  template <typename Sink>
+  Read read_some(fid_cq* cq, Sink& sink, std::size_t limit) {
+    const std::size_t asked = std::min(limit, entries_.size());
+    const ssize_t n = fi_cq_read(cq, entries_.data(), asked);
+    if (n > 0) {
+      counters_.cq_reads.add();
+      const auto count = static_cast<std::size_t>(n);
+      for (std::size_t i = 0; i < count; ++i)
+        hand(sink, entries_[i], DrainPlace::more);
+      return {count, count < asked};
+    }
+    if (n == 0) return {0, false};
+    if (n == -FI_EAVAIL) {
+      fi_cq_err_entry entry{};
+      if (const ssize_t rc = fi_cq_readerr(cq, &entry, 0); rc <= 0) {
+        queue_failed("fi_cq_readerr", rc);
+        return {0, true};
+      }
+      (void)sink.failed(cq, entry);
+      return {0, false};
+    }
+    if (n != -FI_EAGAIN) queue_failed("fi_cq_read", n);
+    return {0, true};
+  }
+
   /// After a pass, as the policy says: posts a polling pass, arms the fd (fi_trywait first), or
   /// leaves it to the backstop. fi_trywait reporting work counts as activity and polls.
   template <typename Host>

@@ -7,6 +7,7 @@
 #include "cq_watcher.hpp"
 #include "log.hpp"
 #include "notification_queue.hpp"
+#include "random_key.hpp"
 #include "target_receives.hpp"
 
 #include <asio/bind_allocator.hpp>
@@ -19,7 +20,6 @@
 
 #include <atomic>
 #include <mutex>
-#include <random>
 
 namespace dma {
 namespace {
@@ -63,13 +63,24 @@ std::size_t checked_queue_capacity(const Configuration& configuration) {
   return configuration.notification_queue;
 }
 
-std::uint64_t random_key() {
-  static thread_local std::mt19937_64 engine{[] {
-    std::random_device device;
-    return (static_cast<std::uint64_t>(device()) << 32) ^ device();
-  }()};
-  return engine();
+// Whether the provider keeps completions the Target leaves unread, and goes on making progress
+// when asked for none: libfabric's util CQ (tcp, rxm and shm build on it) keeps every entry that
+// does not fit its ring on an overflow list, and fi_cq_read with a count of 0 runs progress and
+// says whether entries wait (docs/notes/immediate-data.md). Elsewhere (efa's device CQ) an unread
+// CQ overruns, so the Target reads everything and drops what its queue cannot take.
+bool provider_holds_unread_entries(const std::string& provider) {
+  return provider.rfind("tcp", 0) == 0 || provider.rfind("shm", 0) == 0;
 }
+
+// How long the provider holds notifications while the queue is full: until the consumer has taken
+// none for hold_while_stalled, or the provider has not been empty for hold_backlog. A consumer
+// that keeps up never comes near either; one that stopped, or has fallen behind for good, would otherwise make the
+// provider's memory grow (about 114 bytes per held entry on 1.17) without bound.
+constexpr std::chrono::milliseconds hold_while_stalled{1000};
+constexpr std::chrono::milliseconds hold_backlog{10'000};
+// While holding, progress runs on a timer at this interval (the CQ cannot be waited on: it is not
+// empty), so other peers' writes and reads to this Target keep moving.
+constexpr std::chrono::microseconds held_progress_interval{1000};
 
 }  // namespace
 
@@ -78,16 +89,20 @@ std::uint64_t random_key() {
 // waiters are kept under it too; waiters and the callback run outside it, one delivery at a time.
 struct Target::State : std::enable_shared_from_this<State> {
   using Watcher = detail::CqWatcher<executor_type, fi_cq_data_entry>;
+  using Clock = std::chrono::steady_clock;
+  using Timer = asio::basic_waitable_timer<Clock, asio::wait_traits<Clock>, executor_type>;
 
   State(const executor_type& executor, const Configuration& configuration)
       : executor(executor),
         log(configuration.log_handler),
         watcher(executor, configuration, detail::WaitPolicy::WithoutFd::backstop),
+        held_progress(executor),
         queue(checked_queue_capacity(configuration)) {
     watcher.set_log(log);
   }
 
   void start() {
+    holds = provider_holds_unread_entries(endpoint.describe().provider);
     watcher.attach(endpoint.fabric(), endpoint.cq(), endpoint.wait_fd());
     asio::post(executor, [self = shared_from_this()] { self->on_cq_event(detail::CqEvent::wake); });
   }
@@ -97,17 +112,92 @@ struct Target::State : std::enable_shared_from_this<State> {
   // initiator as much as to the target: data arriving at a target that is still polling needs no
   // wake-up, and over loopback the initiator's sendmsg pays for each one.
   void on_cq_event(detail::CqEvent event) {
-    {
-      std::lock_guard lock(mutex);
-      if (stopped) return;
-      watcher.accept(event);
-      passes.fetch_add(1, std::memory_order_relaxed);
-      drain();  // which is what moves tcp's manual progress
-      watcher.arm_backstop(shared_from_this());
-      if (watcher.wait(shared_from_this(), false) == detail::CqWaited::armed) drain();
-      if (!queue.ready() || (waiters == nullptr && !callback)) return;
+    std::unique_lock lock(mutex);
+    if (stopped) return;
+    watcher.accept(event);
+    pass(lock);
+  }
+
+  void on_held_progress() {
+    std::unique_lock lock(mutex);
+    if (stopped) return;
+    held_progress_armed = false;
+    pass(lock);
+  }
+
+  // One progress pass: reads the CQ (which is what moves tcp's manual progress), handing each
+  // batch to a waiting consumer before reading the next, so a consumer that keeps up drains the
+  // queue during a burst. Then, unless the provider is holding entries, waits as the policy says.
+  void pass(std::unique_lock<std::mutex>& lock) {
+    passes.fetch_add(1, std::memory_order_relaxed);
+    read_and_deliver(lock);
+    if (stopped) return;
+    watcher.arm_backstop(shared_from_this());
+    if (held) {
+      arm_held_progress();
+    } else if (watcher.wait(shared_from_this(), false) == detail::CqWaited::armed) {
+      read_and_deliver(lock);
+      if (held) arm_held_progress();
     }
+    if (!queue.ready() || !has_consumer()) return;
+    lock.unlock();
     deliver();
+  }
+
+  // Reads batches no larger than the queue's free room while the provider can hold the rest, so
+  // nothing is dropped: a full queue leaves the entries in the provider (`held`) until a consumer
+  // takes from the queue, which starts another pass. Past the hold limits, or on a provider that
+  // cannot hold, it reads everything and the queue drops and counts what does not fit.
+  void read_and_deliver(std::unique_lock<std::mutex>& lock) {
+    const auto now = Clock::now();
+    if (held && !overflowing &&
+        (now - std::max(held_since, last_taken) >= hold_while_stalled || now - held_since >= hold_backlog)) {
+      overflowing = true;
+      // Logged at the 1st, 2nd, 4th, … time: a Target nobody consumes from overflows every second.
+      if (detail::log_occurrence(++overflow_episodes)) {
+        log(LogLevel::warning, [&] {
+          return "target notification queue full (" + std::to_string(queue.capacity()) + " entries) and " +
+                 (now - held_since >= hold_backlog ? std::string("the oldest held notification waited 10 s")
+                                                   : std::string("none taken for 1 s")) +
+                 ": dropping what does not fit; " + std::to_string(queue.overflows()) + " lost before, " +
+                 std::to_string(overflow_episodes) + " such times so far";
+        });
+      }
+    }
+    Sink sink{*this};
+    for (;;) {
+      const bool keep = holds && !overflowing;
+      const std::size_t room = keep ? queue.capacity() - queue.size() : std::size_t(-1);
+      const auto read = watcher.read_some(endpoint.cq(), sink, room);
+      if (read.drained) {
+        held = false;
+        overflowing = false;
+        break;
+      }
+      if (room == 0) {
+        if (!held) held_since = now;
+        held = true;
+        break;
+      }
+      if (read.taken != 0 && queue.ready() && has_consumer() && !delivering) {
+        lock.unlock();
+        deliver();
+        lock.lock();
+        if (stopped) return;
+      }
+    }
+  }
+
+  bool has_consumer() const noexcept { return waiters != nullptr || callback; }
+
+  void arm_held_progress() {
+    if (held_progress_armed) return;
+    held_progress_armed = true;
+    held_progress.expires_after(held_progress_interval);
+    held_progress.async_wait(
+        asio::bind_allocator(detail::PoolAllocator<void>(), [self = shared_from_this()](std::error_code ec) {
+          if (ec != asio::error::operation_aborted) self->on_held_progress();
+        }));
   }
 
   // The target posts nothing of its own: its entries are peers' writes with immediate data, which
@@ -130,10 +220,6 @@ struct Target::State : std::enable_shared_from_this<State> {
       return 0;
     }
   };
-  void drain() {
-    Sink sink{*this};
-    (void)watcher.drain(endpoint.cq(), sink);
-  }
 
   // Hands queued notifications to waiters, then to the callback, outside the lock. One thread
   // delivers at a time, which keeps the order; another that finds it busy leaves the work to it.
@@ -163,6 +249,7 @@ struct Target::State : std::enable_shared_from_this<State> {
       }
       detail::NotificationWaiter* waiter = pop_waiter();
       std::shared_ptr<const NotificationCallback> call = waiter == nullptr ? callback : nullptr;
+      took_one();
       lock.unlock();
       if (waiter != nullptr) {
         waiter->complete(waiter, ec, out);
@@ -171,6 +258,18 @@ struct Target::State : std::enable_shared_from_this<State> {
       }
       lock.lock();
     }
+  }
+
+  // A consumer took a notification: the hold's clock starts again, and a queue that was full has
+  // room, so reading resumes.
+  void took_one() {
+    last_taken = Clock::now();
+    if (!held) return;
+    if (held_progress_armed) {
+      held_progress_armed = false;
+      held_progress.cancel();
+    }
+    watcher.schedule_poll(shared_from_this());
   }
 
   detail::NotificationWaiter* pop_waiter() noexcept {
@@ -216,6 +315,7 @@ struct Target::State : std::enable_shared_from_this<State> {
       std::lock_guard lock(mutex);
       stopped = true;
       watcher.close();
+      held_progress.cancel();
       pending = std::exchange(waiters, nullptr);
       last_waiter = nullptr;
     }
@@ -233,7 +333,15 @@ struct Target::State : std::enable_shared_from_this<State> {
   detail::Log log;
   Watcher watcher;
   std::uint64_t errors = 0;
+  Timer held_progress;
   detail::NotificationQueue queue;
+  bool holds = false;                // the provider keeps what the Target leaves unread
+  bool held = false;                 // the queue was full and the provider has entries for it
+  bool overflowing = false;          // past the hold limits: reading all, dropping what does not fit
+  bool held_progress_armed = false;  // a timer pass is due while entries are held
+  Clock::time_point held_since{};    // when the provider began holding entries
+  std::uint64_t overflow_episodes = 0;
+  Clock::time_point last_taken{};                 // when a consumer last took a notification
   detail::NotificationWaiter* waiters = nullptr;  // oldest first
   detail::NotificationWaiter* last_waiter = nullptr;
   std::shared_ptr<const NotificationCallback> callback;
@@ -259,6 +367,7 @@ Target::~Target() {
 Target::Region Target::expose(std::span<std::byte> buffer, Access access) {
   std::error_code ec;
   Region region = expose(buffer, access, ec);
+  if (ec && ec.category() == std::system_category()) throw std::system_error(ec, "getrandom for a remote key");
   if (ec) throw std::system_error(ec, "fi_mr_reg of " + std::to_string(buffer.size()) + " bytes for remote access");
   return region;
 }
@@ -273,11 +382,13 @@ Target::Region Target::expose(std::span<std::byte> buffer, Access access, std::e
   Endpoint& endpoint = state_->endpoint;
   const bool provider_keys = (endpoint.describe().mr_mode & FI_MR_PROV_KEY) != 0;
   detail::Fid<fid_mr> mr;
-  // Random keys make a guessed rkey useless; a duplicate (-FI_ENOKEY) just draws again.
+  // Keys from the OS's random source make a guessed rkey useless, and no peer's keys tell it
+  // another's; a duplicate (-FI_ENOKEY) just draws again.
   for (int attempt = 0; attempt < 8; ++attempt) {
     ec.clear();
-    mr = endpoint.register_memory(buffer.data(), buffer.size(), access_bits(access), provider_keys ? 0 : random_key(),
-                                  ec);
+    const std::uint64_t key = provider_keys ? 0 : detail::random_key(ec);
+    if (ec) return {};
+    mr = endpoint.register_memory(buffer.data(), buffer.size(), access_bits(access), key, ec);
     if (ec != fabric_error(-FI_ENOKEY)) break;
   }
   if (ec) return {};

@@ -681,7 +681,8 @@ class FabricService {
   }
 
   // `parts` transfers, one per endpoint, over consecutive pieces of operand (parts of 0 bytes
-  // when it is empty), joined into handler's one completion.
+  // when it is empty), joined into handler's one completion. A write with immediate data adds a
+  // notifier: the operand's last page, posted by the join once every other part has completed.
   template <typename Handler, typename C>
   void initiate_striped(Handler&& handler, TransferRequest<C>&& request, std::span<std::byte> operand,
                         std::size_t parts) {
@@ -690,35 +691,46 @@ class FabricService {
     std::optional<CacheableSpan> cacheable;
     if (!operand.empty()) cacheable = Operands<C>::cacheable_span(request.caller_context);
     const TransferFields fields = request;
+    constexpr std::size_t page = 4096;
+    // A read with immediate data is refused at acceptance, on the one part that carries it.
+    const bool notify = fields.immediate_data.has_value() && fields.direction == Direction::ToPeer && !operand.empty();
+    const std::size_t carrier = notify ? parts : parts - 1;  // the one part with the value
+    const std::size_t tail = notify ? std::min(page, operand.size()) : 0;
+    const std::size_t ops = parts + (notify ? 1 : 0);
     Join* join = Join::create(std::forward<Handler>(handler), std::move(request.caller_context), executor_);
     join->bytes = operand.size();
     join->want_checksum = fields.want_checksum;
     join->operand = operand;
-    join->count = parts;
-    join->remaining.store(parts, std::memory_order_relaxed);
-    // Pieces of whole 4 KiB pages where there are enough, the last one shorter.
-    constexpr std::size_t page = 4096;
-    std::size_t piece = (operand.size() + parts - 1) / parts;
-    if (piece > page) piece = (piece + page - 1) / page * page;
-    std::array<Part*, detail::max_endpoints> ops{};
-    for (std::size_t k = 0; k < parts; ++k) {
-      const std::size_t offset = std::min(k * piece, operand.size());
-      const std::size_t length = std::min(piece, operand.size() - offset);
+    join->count = ops;
+    join->remaining.store(ops, std::memory_order_relaxed);
+    auto make_part = [&](std::size_t k, std::size_t rail, std::size_t offset, std::size_t length) {
       TransferRequest<detail::StripePart> part;
       static_cast<TransferFields&>(part) = fields;
       part.want_checksum = false;  // the join computes one over the whole
       part.remote_address = fields.remote_address + offset;
       part.length = length;
-      if (fields.immediate_data && k + 1 != parts) part.immediate_data.reset();  // the peer hears one
+      if (k != carrier) part.immediate_data.reset();                            // the peer hears one
+      if (notify && k != carrier) part.completion = CompletionLevel::delivery;  // landed before it goes
       part.caller_context = {operand.subspan(offset, length), cacheable};
-      ops[k] = Part::create(typename Join::PartDone{join}, std::move(part), executor_);
-      ops[k]->sequence = rails_[k]->next_sequence();
-      join->parts[k] = {rails_[k], ops[k], ops[k]->sequence};
+      Part* op = Part::create(typename Join::PartDone{join}, std::move(part), executor_);
+      op->sequence = rails_[rail]->next_sequence();
+      join->parts[k] = {rails_[rail], op, op->sequence};
+      return op;
+    };
+    // Pieces of whole 4 KiB pages where there are enough, the last one shorter.
+    const std::size_t body = operand.size() - tail;
+    std::size_t piece = (body + parts - 1) / parts;
+    if (piece > page) piece = (piece + page - 1) / page * page;
+    std::array<Part*, detail::max_endpoints> posted{};
+    for (std::size_t k = 0; k < parts; ++k) {
+      const std::size_t offset = std::min(k * piece, body);
+      posted[k] = make_part(k, k, offset, std::min(piece, body - offset));
     }
+    if (notify) join->notifier = make_part(parts, parts - 1, body, tail);
     auto slot = asio::get_associated_cancellation_slot(join->handler);
     if (slot.is_connected()) slot.template emplace<typename Join::Canceller>(join);
     for (std::size_t k = 0; k < parts; ++k)
-      rails_[k]->submit(ops[k]);  // the last may complete the join: nothing touches it after
+      rails_[k]->submit(posted[k]);  // the last may complete the join: nothing touches it after
   }
 
   executor_type executor_;

@@ -166,8 +166,10 @@ class Target {
   Target& operator=(const Target&) = delete;
 
   /// Registers buffer for remote access with a random 64-bit requested key (where the provider
-  /// lets the application choose keys) and returns its Region. The buffer must outlive the Region.
-  /// Throws std::system_error (fi_mr_reg's error; an empty buffer is errc::zero_length_region).
+  /// lets the application choose keys), drawn for this buffer alone from the OS's random source
+  /// (getrandom), and returns its Region. The buffer must outlive the Region.
+  /// Throws std::system_error (fi_mr_reg's error; getrandom's errno in the system category when
+  /// the OS gives no random bytes; an empty buffer is errc::zero_length_region).
   Region expose(std::span<std::byte> buffer, Access access = Access::read_write);
   /// As expose(buffer, access), reporting a failure through `ec` and returning an empty Region.
   Region expose(std::span<std::byte> buffer, Access access, std::error_code& ec);
@@ -193,8 +195,8 @@ class Target {
   using wait_written_signature = void(std::error_code, WriteNotification);
   /// Waits for the next write with immediate data into any of this target's regions. Completes
   /// with the oldest queued notification, or, when none is queued, with the next one to arrive;
-  /// with errc::notifications_lost (data: how many) where the queue was full and notifications
-  /// were dropped; with asio::error::operation_aborted when cancelled through the handler's
+  /// with errc::notifications_lost (data: how many) where notifications were dropped (see
+  /// notifications_lost()); with asio::error::operation_aborted when cancelled through the handler's
   /// cancellation slot or when the Target is destroyed. Waiters are served in the order they
   /// started. The handler never runs inside this call: it runs on its associated executor (by
   /// default the Target's), outside the Target's lock. Takes any Asio completion token.
@@ -219,7 +221,10 @@ class Target {
   /// empty function goes back to queueing them.
   void set_notification_callback(NotificationCallback callback);
 
-  /// Notifications dropped so far because the queue (Configuration::notification_queue) was full.
+  /// Notifications dropped so far because the queue (Configuration::notification_queue) was full
+  /// and could not be held either: on tcp and shm the provider keeps what the full queue cannot
+  /// until a consumer takes from it, and drops happen only once nothing was taken for 1 s or the
+  /// oldest held notification has waited 10 s; elsewhere a full queue drops at once.
   std::uint64_t notifications_lost() const;
   /// Notifications queued now, waiting for a waiter or the callback.
   std::size_t notifications_queued() const;

@@ -158,7 +158,10 @@ struct TransferFields {
   /// none at all. Past it the transfer fails with errc::timed_out.
   std::optional<std::chrono::nanoseconds> deadline;
   /// ToPeer only: a value the peer's Target receives as a WriteNotification once the bytes have
-  /// landed (FI_REMOTE_CQ_DATA). On a FromPeer request the transfer fails with
+  /// landed (FI_REMOTE_CQ_DATA). A write striped over several endpoints sends it with its last
+  /// 4 KiB, posted only after every other part has completed with delivery completion (whatever
+  /// `completion` says), so the notification never comes before any of the bytes; a striped
+  /// write that fails sends none. On a FromPeer request the transfer fails with
   /// errc::immediate_data_on_read; a value wider than the provider's cq_data_size fails with
   /// errc::immediate_data_too_wide (tcp carries all 64 bits).
   std::optional<std::uint64_t> immediate_data;

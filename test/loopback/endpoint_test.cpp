@@ -3,6 +3,7 @@
 
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <set>
 
 TEST_CASE("a tcp endpoint bound to 127.0.0.1 has a 16-byte AF_INET address with a port", "[loopback][endpoint]") {
   dma::Endpoint endpoint;
@@ -190,4 +191,31 @@ TEST_CASE("an endpoint logs its opening and its replacement to the configuration
   dma::set_log_handler(restore);
   REQUIRE(process_heard.size() == 1);
   CHECK(process_heard[0].rfind("endpoint opened: ", 0) == 0);
+}
+
+TEST_CASE("two targets advertise unrelated random keys", "[loopback][endpoint][keys]") {
+  asio::io_context io;
+  dma::Target first(io, test::loopback_configuration());
+  dma::Target second(io, test::loopback_configuration());
+  // tcp lets the application choose keys, so these are the ones expose drew.
+  constexpr std::size_t count = 64;
+  std::vector<std::byte> memory(2 * count * 64);
+  std::vector<dma::Target::Region> regions;
+  std::vector<std::uint64_t> a, b;
+  for (std::size_t i = 0; i < count; ++i) {
+    regions.push_back(first.expose(std::span(memory).subspan(2 * i * 64, 64)));
+    a.push_back(regions.back().advertisement().remote_key);
+    regions.push_back(second.expose(std::span(memory).subspan((2 * i + 1) * 64, 64)));
+    b.push_back(regions.back().advertisement().remote_key);
+  }
+  std::set<std::uint64_t> keys(a.begin(), a.end()), xors, steps;
+  keys.insert(b.begin(), b.end());
+  CHECK(keys.size() == 2 * count);
+  for (std::size_t i = 0; i + 1 < count; ++i) {
+    xors.insert(a[i] ^ b[i]);
+    steps.insert(a[i + 1] - a[i]);
+    steps.insert(b[i + 1] - b[i]);
+  }
+  CHECK(xors.size() == count - 1);  // no fixed relation between the two targets' keys
+  CHECK(steps.size() == 2 * (count - 1));
 }

@@ -3,10 +3,12 @@
 #include "fixture.hpp"
 
 #include <asio/bind_cancellation_slot.hpp>
+#include <asio/bind_executor.hpp>
 #include <asio/cancellation_signal.hpp>
 #include <asio/post.hpp>
 
 #include <atomic>
+#include <condition_variable>
 #include <mutex>
 
 using dma::Direction;
@@ -67,7 +69,124 @@ bool target_has_seen(dma::Target& target, std::uint64_t count) {
   return true;
 }
 
+// An application's receive loop on a thread of its own: always waiting in async_wait_written,
+// each handler starts the next wait before it records what it got.
+class WaitingConsumer {
+ public:
+  explicit WaitingConsumer(dma::Target& target) : target_(target), work_(asio::make_work_guard(io_)) {
+    wait();
+    thread_ = std::thread([this] { io_.run(); });
+  }
+  ~WaitingConsumer() {
+    asio::post(io_, [this] { signal_.emit(asio::cancellation_type::terminal); });
+    work_.reset();
+    thread_.join();  // the cancelled wait holds io_'s work until its handler has run
+  }
+  WaitingConsumer(const WaitingConsumer&) = delete;
+  WaitingConsumer& operator=(const WaitingConsumer&) = delete;
+
+  // Waits, bounded, until `count` notifications or losses have come in.
+  bool wait_for(std::size_t count, std::chrono::seconds bound = std::chrono::seconds(60)) {
+    std::unique_lock lock(mutex_);
+    return changed_.wait_for(lock, bound, [&] { return values_.size() + lost_ >= count; });
+  }
+  std::vector<std::uint64_t> values() const {
+    std::lock_guard lock(mutex_);
+    return values_;
+  }
+  std::uint64_t lost() const {
+    std::lock_guard lock(mutex_);
+    return lost_;
+  }
+
+ private:
+  void wait() {
+    target_.async_wait_written(asio::bind_cancellation_slot(
+        signal_.slot(), asio::bind_executor(io_, [this](std::error_code ec, dma::WriteNotification n) {
+          if (ec == asio::error::operation_aborted) return;
+          wait();
+          std::lock_guard lock(mutex_);
+          if (ec) {
+            lost_ += n.data;
+          } else {
+            values_.push_back(n.data);
+          }
+          changed_.notify_all();
+        })));
+  }
+
+  dma::Target& target_;
+  asio::io_context io_;
+  asio::executor_work_guard<asio::io_context::executor_type> work_;
+  asio::cancellation_signal signal_;
+  mutable std::mutex mutex_;
+  std::condition_variable changed_;
+  std::vector<std::uint64_t> values_;
+  std::uint64_t lost_ = 0;
+  std::thread thread_;
+};
+
 }  // namespace
+
+TEST_CASE("a waiting consumer loses no notification in bursts of ten thousand at the default queue size",
+          "[loopback][notification]") {
+  REQUIRE(dma::Configuration().notification_queue == 4096);
+  test::RemoteBuffer remote(64 * 64);
+  WaitingConsumer consumer(remote.target());
+  asio::io_context io;
+  Service service(io, test::loopback_configuration());
+  constexpr std::size_t count = 10'000;
+  constexpr std::size_t bursts = 10;
+
+  for (std::size_t burst = 0; burst < bursts; ++burst) {
+    CAPTURE(burst);
+    REQUIRE(write_with_data(io, service, remote, burst * count, count) == count);
+    REQUIRE(consumer.wait_for((burst + 1) * count));
+    CHECK(remote.target().notifications_lost() == 0);
+  }
+  CHECK(consumer.lost() == 0);
+  auto values = consumer.values();
+  std::sort(values.begin(), values.end());
+  REQUIRE(values.size() == bursts * count);
+  for (std::size_t i = 0; i < values.size(); ++i)
+    REQUIRE(values[i] == i);
+}
+
+TEST_CASE("a consumer slower than the writer loses nothing: the provider holds what the queue cannot",
+          "[loopback][notification]") {
+  test::RemoteBuffer remote(64 * 64, std::byte{0}, with_queue(4));
+  // 1 ms per notification on the target's executor, with a queue of 4: the writer posts 200 at once.
+  std::mutex mutex;
+  std::vector<std::uint64_t> values;
+  std::uint64_t lost = 0;
+  remote.target().set_notification_callback([&](std::error_code ec, dma::WriteNotification n) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    std::lock_guard lock(mutex);
+    if (ec) {
+      lost += n.data;
+    } else {
+      values.push_back(n.data);
+    }
+  });
+  asio::io_context io;
+  Service service(io, test::loopback_configuration());
+  constexpr std::size_t count = 200;
+  REQUIRE(write_with_data(io, service, remote, 0, count) == count);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  for (;;) {
+    {
+      std::lock_guard lock(mutex);
+      if (values.size() + lost >= count || std::chrono::steady_clock::now() >= deadline) break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  std::lock_guard lock(mutex);
+  CHECK(lost == 0);
+  CHECK(remote.target().notifications_lost() == 0);
+  REQUIRE(values.size() == count);
+  for (std::size_t i = 0; i < count; ++i)
+    CHECK(values[i] == i);  // in order
+}
 
 TEST_CASE("10,000 writes with immediate data give 10,000 notifications, queued while nobody waits",
           "[loopback][notification]") {

@@ -6,6 +6,8 @@
 #include <asio/bind_cancellation_slot.hpp>
 #include <asio/cancellation_signal.hpp>
 
+#include <atomic>
+#include <cstring>
 #include <set>
 
 using dma::Direction;
@@ -119,6 +121,60 @@ TEST_CASE("add_peer warms every endpoint; a striped write with immediate data no
       asio::use_future);
   REQUIRE(test::run_until(io, inserted));
   REQUIRE_NOTHROW(inserted.get());
+}
+
+TEST_CASE("a striped write with immediate data notifies only once all its bytes have landed", "[loopback][stripe]") {
+  constexpr std::size_t size = 16 * test::mib + 1234;
+  constexpr int writes = 50;
+  test::RemoteBuffer remote(size);
+  asio::io_context io;
+  Service service(io, with_endpoints(4));
+  // Write w fills the whole buffer with the byte w + 1, so a byte of any earlier write left
+  // anywhere when its notification arrives is seen.
+  std::atomic<int> notified{0};
+  std::atomic<int> early{0};
+  remote.target().set_notification_callback([&](std::error_code ec, dma::WriteNotification n) {
+    const auto& memory = remote.memory();
+    // Every byte equals the first (one overlapping memcmp, fast under the sanitizers too), and
+    // the first is this write's.
+    const bool landed = memory[0] == static_cast<std::byte>(n.data + 1) &&
+                        std::memcmp(memory.data(), memory.data() + 1, memory.size() - 1) == 0;
+    if (ec || !landed) early.fetch_add(1);
+    notified.fetch_add(1);
+  });
+  std::vector<std::byte> bytes(size);
+  for (int w = 0; w < writes; ++w) {
+    CAPTURE(w);
+    std::memset(bytes.data(), w + 1, bytes.size());
+    auto r = remote.request(Direction::ToPeer, test::Payload{bytes});
+    r.immediate_data = static_cast<std::uint64_t>(w);
+    const auto done = test::await_one(io, service, std::move(r));
+    INFO(done.outcome.message());
+    REQUIRE(done.outcome.ok());
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (notified.load() < w + 1 && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    REQUIRE(notified.load() == w + 1);
+  }
+  CHECK(early.load() == 0);
+  CHECK(remote.target().notifications_lost() == 0);
+  CHECK(service.metrics().completed == writes * 5);  // four parts and the notifier each
+}
+
+TEST_CASE("a striped write that fails sends no notification", "[loopback][stripe]") {
+  test::RemoteBuffer remote(4 * test::mib);
+  asio::io_context io;
+  Service service(io, with_endpoints(4));
+  auto r = remote.request(Direction::ToPeer, test::Payload{test::pattern(4 * test::mib, 1)});
+  r.immediate_data = 5;
+  r.length = 4 * test::mib;
+  r.remote_key += 1;  // every part is refused
+  const auto done = test::await_one(io, service, std::move(r));
+  REQUIRE_FALSE(done.outcome.ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  CHECK(remote.target().notifications_queued() == 0);
+  CHECK(service.metrics().completed + service.metrics().failed == 4);  // the notifier never went out
+  CHECK(service.outstanding() == 0);
 }
 
 TEST_CASE("a striped transfer to a frozen peer can be cancelled and completes once", "[loopback][stripe]") {

@@ -127,6 +127,38 @@ TEST_CASE("error entries go to the sink and end a batch; a failing readerr ends 
   CHECK(watcher.counters().queue_errors.get() == 2);
 }
 
+TEST_CASE("read_some takes no more than its limit and leaves the rest in the CQ", "[unit][cq]") {
+  asio::io_context io;
+  test::FakeCq cq;
+  Watcher watcher(io.get_executor(), configuration(WaitMode::fd, 4), WaitPolicy::WithoutFd::poll);
+  for (std::uintptr_t i = 1; i <= 6; ++i)
+    cq.push(context(i));
+  Sink sink;
+  auto read = watcher.read_some(&cq.cq, sink, 3);
+  CHECK(read.taken == 3);
+  CHECK_FALSE(read.drained);
+  read = watcher.read_some(&cq.cq, sink, 0);  // progress only: entries wait, none taken
+  CHECK(read.taken == 0);
+  CHECK_FALSE(read.drained);
+  CHECK(cq.entries.size() == 3);
+  read = watcher.read_some(&cq.cq, sink, 100);  // at most cq_batch (4): a short read drains
+  CHECK(read.taken == 3);
+  CHECK(read.drained);
+  REQUIRE(sink.done.size() == 6);
+  for (std::size_t i = 0; i < 6; ++i)
+    CHECK(sink.done[i].first == context(i + 1));
+  CHECK(watcher.read_some(&cq.cq, sink, 0).drained);
+
+  cq.push(context(7), FI_ECANCELED);
+  read = watcher.read_some(&cq.cq, sink, 4);
+  CHECK(read.taken == 0);
+  CHECK_FALSE(read.drained);  // an error entry was handled; more may follow
+  CHECK(sink.errors == std::vector<int>{FI_ECANCELED});
+  cq.fail_reads = true;
+  CHECK(watcher.read_some(&cq.cq, sink, 4).drained);
+  CHECK(watcher.counters().queue_errors.get() == 1);
+}
+
 TEST_CASE("fd mode arms the fd after fi_trywait and wakes when it turns readable", "[unit][cq]") {
   asio::io_context io;
   test::FakeCq cq;

@@ -38,6 +38,7 @@ struct FakeCq {
     FakeCq& self = of(cq);
     ++self.reads;
     if (self.fail_reads) return -FI_EIO;
+    if (count == 0) return self.entries.empty() ? -FI_EAGAIN : 0;  // as libfabric's util CQ
     if (!self.entries.empty() && self.entries.front().err != 0) return -FI_EAVAIL;
     auto* out = static_cast<fi_cq_entry*>(buf);
     std::size_t n = 0;

@@ -2,8 +2,11 @@
 // a transfer of its own on its own endpoint, joined into the caller's one completion. The parts
 // are ordinary transfers: each has the endpoint's credits, the request's deadline and its own
 // errors. The join keeps the first error; the caller's handler runs once, after every part came
-// back. Joins come from the library's block pool, so a steady stream of striped transfers
-// allocates nothing.
+// back. A striped write with immediate data sends its notification on one more part, the write's
+// last page, posted only once every other part has completed with delivery completion: parts on
+// different endpoints travel on different connections, so nothing else orders them before the
+// Target's completion entry. Joins come from the library's block pool, so a steady stream of
+// striped transfers allocates nothing.
 #pragma once
 
 #include <dma/checksum.hpp>
@@ -25,6 +28,7 @@
 #include <mutex>
 #include <optional>
 #include <span>
+#include <utility>
 
 namespace dma::detail {
 
@@ -61,6 +65,8 @@ struct StripeJoin {
     StripeJoin* join;
     void operator()(asio::cancellation_type type) const {
       if (type == asio::cancellation_type::none) return;
+      // A part not yet submitted (the held notifier) is not found by its engine: cancelling the
+      // others fails the join, and the notifier is then never posted.
       for (std::size_t i = 0; i < join->count; ++i)
         join->parts[i].engine->cancel(join->parts[i].op, join->parts[i].sequence);
     }
@@ -105,6 +111,19 @@ struct StripeJoin {
         first_error = std::move(outcome);
       }
     }
+    const std::size_t left = remaining.fetch_sub(1, std::memory_order_acq_rel) - 1;
+    if (left == 0) return finish();
+    if (left == 1 && notifier != nullptr) release_notifier();
+  }
+
+  // Every other part is back (the acq_rel count makes their errors visible here): the notifier
+  // goes out if they all succeeded; otherwise the write failed, no notification may claim its
+  // bytes landed, and the notifier is freed unposted.
+  void release_notifier() {
+    Operation* op = std::exchange(notifier, nullptr);
+    const Part& part = parts[count - 1];
+    if (!failed) return part.engine->submit(op);
+    op->functions->destroy(op);
     if (remaining.fetch_sub(1, std::memory_order_acq_rel) == 1) finish();
   }
 
@@ -142,8 +161,9 @@ struct StripeJoin {
   std::size_t bytes = 0;
   bool want_checksum = false;
   std::span<const std::byte> operand;
-  std::array<Part, max_endpoints> parts{};
+  std::array<Part, max_endpoints + 1> parts{};  ///< one per endpoint, and the notifier last
   std::size_t count = 0;
+  Operation* notifier = nullptr;  ///< the part with the immediate data, until it is submitted
 };
 
 }  // namespace dma::detail

@@ -87,6 +87,18 @@ struct Peer {
     return peer;
   }
   std::uint16_t port() const { return static_cast<std::uint16_t>(ad.address[2] << 8 | ad.address[3]); }
+
+  /// A peer at a port the test picked (so that a restart can take the same one), or none after
+  /// 20 ports were taken; `salt` keeps two tests' choices apart.
+  static std::optional<Peer> start_at_a_port_of_its_own(std::size_t size, unsigned salt) {
+    std::mt19937 random(static_cast<unsigned>(getpid()) ^ salt);
+    for (int attempt = 0; attempt < 20; ++attempt) {
+      const auto port = static_cast<std::uint16_t>(20000 + random() % 30000);
+      Peer candidate = Peer::start(size, port);
+      if (candidate.port() == port) return candidate;
+    }
+    return std::nullopt;
+  }
 };
 
 dma::Configuration configuration() {
@@ -273,15 +285,9 @@ TEST_CASE("a target restarted at the same port is written to again once its back
   config.progress_deadline = 300ms;
   config.unreachable_backoff = 500ms;
   config.unreachable_backoff_max = 1s;
-  std::optional<Peer> peer;
-  std::uint16_t port = 0;
-  std::mt19937 random(static_cast<unsigned>(getpid()));
-  for (int attempt = 0; attempt < 20 && !peer; ++attempt) {
-    port = static_cast<std::uint16_t>(20000 + random() % 30000);
-    Peer candidate = Peer::start(4096, port);
-    if (candidate.port() == port) peer = std::move(candidate);
-  }
+  std::optional<Peer> peer = Peer::start_at_a_port_of_its_own(4096, 0);
   REQUIRE(peer);
+  const std::uint16_t port = peer->port();
   asio::io_context io;
   Service service(io, config);
   Ledger ledger;
@@ -780,15 +786,9 @@ TEST_CASE("add_peer with a restarted peer's advertisement ends its back-off at o
   config.progress_deadline = 300ms;
   config.unreachable_backoff = 30s;  // far longer than the test: only add_peer can end it
   config.unreachable_backoff_max = 30s;
-  std::optional<Peer> peer;
-  std::uint16_t port = 0;
-  std::mt19937 random(static_cast<unsigned>(getpid()) ^ 0x9e37u);
-  for (int attempt = 0; attempt < 20 && !peer; ++attempt) {
-    port = static_cast<std::uint16_t>(20000 + random() % 30000);
-    Peer candidate = Peer::start(4096, port);
-    if (candidate.port() == port) peer = std::move(candidate);
-  }
+  std::optional<Peer> peer = Peer::start_at_a_port_of_its_own(4096, 0x9e37u);
   REQUIRE(peer);
+  const std::uint16_t port = peer->port();
   asio::io_context io;
   Service service(io, config);
   Ledger ledger;

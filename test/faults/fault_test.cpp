@@ -3,6 +3,7 @@
 // short so the suite stays quick; the time bounds are generous, never a measurement.
 #include "../catch.hpp"
 #include "../child_process.hpp"
+#include "../sanitizer.hpp"
 #include "run_until.hpp"
 
 #include <dma/dma.hpp>
@@ -36,30 +37,8 @@
 
 namespace {
 
-#if defined(__SANITIZE_ADDRESS__)
-constexpr bool address_sanitizer = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-constexpr bool address_sanitizer = true;
-#else
-constexpr bool address_sanitizer = false;
-#endif
-#else
-constexpr bool address_sanitizer = false;
-#endif
-
-// Under ThreadSanitizer too, time bounds stretch 20-fold.
-#if defined(__SANITIZE_THREAD__)
-constexpr bool sanitized = true;
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-constexpr bool sanitized = true;
-#else
-constexpr bool sanitized = address_sanitizer;
-#endif
-#else
-constexpr bool sanitized = address_sanitizer;
-#endif
+using test::address_sanitizer;
+using test::sanitized;
 
 using test::run_until;
 

@@ -3,6 +3,7 @@
 // connections, a neighbour that names another client's fabric address. Exit 77 when a scenario
 // cannot be staged here (the lying endpoint on an unknown tcp wire protocol).
 #define CATCH_CONFIG_RUNNER  // Catch2 v2: this file has its own main
+#include "../sanitizer.hpp"
 #include "lying_forwarder.hpp"
 #include "process.hpp"
 
@@ -18,17 +19,7 @@ using namespace side_channel_test;
 
 namespace {
 
-#if defined(__SANITIZE_ADDRESS__)
-constexpr bool address_sanitizer = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-constexpr bool address_sanitizer = true;
-#else
-constexpr bool address_sanitizer = false;
-#endif
-#else
-constexpr bool address_sanitizer = false;
-#endif
+using test::address_sanitizer;
 
 bool skipped = false;
 

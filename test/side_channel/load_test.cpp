@@ -1,22 +1,13 @@
 // dma-kv-server under load: many clients verifying every byte, clients killed in the middle of
 // transfers, and the three-way bench.
+#include "../sanitizer.hpp"
 #include "process.hpp"
 
 using namespace side_channel_test;
 
 namespace {
 
-#if defined(__SANITIZE_ADDRESS__)
-constexpr bool address_sanitizer = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-constexpr bool address_sanitizer = true;
-#else
-constexpr bool address_sanitizer = false;
-#endif
-#else
-constexpr bool address_sanitizer = false;
-#endif
+using test::address_sanitizer;
 
 std::vector<std::string> bench(const Server& server, std::vector<std::string> options) {
   std::vector<std::string> all{client_program(), "--port", server.port_text(), "bench"};

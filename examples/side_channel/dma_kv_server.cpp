@@ -652,7 +652,8 @@ asio::awaitable<void> Connection::dma_set(std::span<const std::string_view> argu
   request.want_checksum = true;
   request.caller_context = Slot{std::move(region), length};
   std::optional<InFlight> in_flight(std::in_place, counters.sets_in_flight);
-  auto [slot, outcome] = co_await server_.service_.submit(std::move(request));
+  auto [ec, done] = co_await server_.service_.submit(std::move(request), dma::compat::as_tuple(asio::use_awaitable));
+  auto& [slot, outcome] = done;
   in_flight.reset();
   if (!account(outcome)) co_return error("ERR transfer failed: " + outcome.message());
   counters.bytes_read += length;
@@ -687,8 +688,9 @@ asio::awaitable<void> Connection::dma_get(std::span<const std::string_view> argu
     request.direction = dma::Direction::ToPeer;
     request.caller_context = Slot{value->region, value->length};
     std::optional<InFlight> in_flight(std::in_place, counters.gets_in_flight);
-    auto [slot, outcome] = co_await server_.service_.submit(std::move(request));
+    auto [ec, done] = co_await server_.service_.submit(std::move(request), dma::compat::as_tuple(asio::use_awaitable));
     in_flight.reset();
+    const auto& outcome = done.outcome;
     if (!account(outcome)) co_return error("ERR transfer failed: " + outcome.message());
     counters.bytes_written += value->length;
   }

@@ -47,6 +47,13 @@ inline std::string program(const char* variable, const char* relative) {
 inline std::string server_program() { return program("DMA_KV_SERVER", "dma-kv-server"); }
 inline std::string client_program() { return program("DMA_KV_CLIENT", "dma-kv-client"); }
 
+/// A test's own Target: tcp on 127.0.0.1, like the server it talks to.
+inline dma::Configuration loopback_configuration() {
+  dma::Configuration c;
+  c.bind = "127.0.0.1";
+  return c;
+}
+
 /// Whether a program is on PATH.
 inline bool on_path(const std::string& name) {
   std::stringstream in(std::getenv("PATH") ? std::getenv("PATH") : "/usr/bin:/bin");

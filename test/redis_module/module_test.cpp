@@ -602,14 +602,7 @@ TEST_CASE("at confirm-gets notification dma-kv-client's 8 clients read every byt
   require_error(resp.command(too_wide), "invalid token '4294967296'");
 
   Child run(client(server, bench({"--clients", "8", "--ops", "100", "--sizes", "1-256K", "--keys", "4"})));
-  const auto json = run.rest(120s);
-  INFO("bench printed: " << json);
-  CHECK(run.wait(20s) == 0);
-  CHECK(json_number(json, "dma", "errors") == 0);
-  CHECK(json_number(json, "dma", "mismatches") == 0);
-  const auto gets = json_number(json, "dma", "gets");
-  CHECK(gets > 0);
-  CHECK(json_number(json, "dma", "notified") == gets);
+  const auto gets = require_notified_bench(run);
   CHECK(static_cast<double>(info_value(resp, "gets_notified")) == gets);
   CHECK(info_field(resp, "get_confirmation") == "notification");
 }

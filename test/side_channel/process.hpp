@@ -364,4 +364,19 @@ inline double json_number(const std::string& json, const std::string& arm, const
   return std::stod(json.substr(field + key.size() + 4));
 }
 
+/// Reads a `bench --json` child to its end under notification confirmation, and checks it: exit 0,
+/// no error or mismatch, and every GET read after its notification (with sizes from 1 B no value is
+/// empty, so each is written). Returns how many GETs it made.
+inline double require_notified_bench(Child& bench) {
+  const auto json = bench.rest(120s);
+  INFO("bench printed: " << json);
+  CHECK(bench.wait(20s) == 0);
+  CHECK(json_number(json, "dma", "errors") == 0);
+  CHECK(json_number(json, "dma", "mismatches") == 0);
+  const auto gets = json_number(json, "dma", "gets");
+  CHECK(gets > 0);
+  CHECK(json_number(json, "dma", "notified") == gets);
+  return gets;
+}
+
 }  // namespace side_channel_test

@@ -172,8 +172,8 @@ dma::Configuration fabric_configuration(const Common& common) {
   return configuration;
 }
 
-// How long a DMA.GET waits for its notification after the server's reply: the server's own
-// transfer deadline (30 s by default) has passed by then.
+// How long a DMA.GET waits for its notification once the server's reply is in. The write has
+// completed at the server by then, so only a notification that will never come waits this long.
 constexpr auto notification_bound = std::chrono::seconds(30);
 
 // A RESP connection with its bounce buffer exposed on the shared target, whose notifications

@@ -5,10 +5,10 @@
 #include <dirent.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -21,6 +21,23 @@ bool closing_frees_reads_twice(Provider provider) noexcept {
 
 namespace {
 
+// The inode of the socket that /proc/self/fd/<fd> links to ("socket:[12345]"), or 0. Reading the
+// link never touches the descriptor, which another thread (a Target's progress, say) may be closing
+// at that moment.
+std::uint64_t socket_inode(int fd) noexcept {
+  char path[32];
+  std::snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+  char link[64];
+  const ssize_t length = ::readlink(path, link, sizeof link - 1);
+  if (length <= 0) return 0;
+  link[length] = '\0';
+  constexpr char prefix[] = "socket:[";
+  if (std::strncmp(link, prefix, sizeof prefix - 1) != 0) return 0;
+  char* end = nullptr;
+  const unsigned long long inode = std::strtoull(link + sizeof prefix - 1, &end, 10);
+  return end != nullptr && *end == ']' ? static_cast<std::uint64_t>(inode) : 0;
+}
+
 // Calls f(fd, inode) for each open socket of the process.
 template <typename F>
 void for_each_socket(F&& f) {
@@ -31,9 +48,8 @@ void for_each_socket(F&& f) {
     char* end = nullptr;
     const long fd = std::strtol(entry->d_name, &end, 10);
     if (end == entry->d_name || *end != '\0' || fd == own) continue;
-    struct stat st {};
-    if (::fstat(static_cast<int>(fd), &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
-    f(static_cast<int>(fd), static_cast<std::uint64_t>(st.st_ino));
+    const std::uint64_t inode = socket_inode(static_cast<int>(fd));
+    if (inode != 0) f(static_cast<int>(fd), inode);
   }
   ::closedir(dir);
 }
@@ -81,7 +97,11 @@ std::size_t shut_down_connections(std::span<const std::uint64_t> sockets,
     const bool doomed = std::any_of(peers.begin(), peers.end(), [&](const std::vector<std::uint8_t>& address) {
       return same_socket_address(&peer, length, address);
     });
-    if (doomed && ::shutdown(fd, SHUT_RDWR) == 0) ++cut;
+    if (!doomed) return;
+    // The descriptor is looked up again just before the cut: had it been closed and its number
+    // reused since the listing, the inode would differ.
+    if (socket_inode(fd) != inode) return;
+    if (::shutdown(fd, SHUT_RDWR) == 0) ++cut;
   });
   return cut;
 }

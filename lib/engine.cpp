@@ -35,6 +35,8 @@
 #include <dma/detail/block_pool.hpp>
 #include <dma/error.hpp>
 
+#include <rdma/fabric.h>
+
 #include <asio/bind_allocator.hpp>
 #include <asio/error.hpp>
 #include <asio/io_context.hpp>
@@ -45,6 +47,11 @@
 #include <string_view>
 
 namespace dma::detail {
+
+// The public headers carry no libfabric type: PostContext's scratch stands in for fi_context2.
+static_assert(sizeof(PostContext::provider_context) == sizeof(fi_context2) &&
+              offsetof(PostContext, provider_context) == 0 && alignof(PostContext) >= alignof(fi_context2));
+
 namespace {
 
 // The drain running on this thread, if any: what drain_position() reports, and how submit() tells

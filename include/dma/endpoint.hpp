@@ -7,10 +7,6 @@
 #include <dma/detail/fid.hpp>
 #include <dma/log.hpp>
 
-#include <rdma/fabric.h>
-#include <rdma/fi_domain.h>
-#include <rdma/fi_endpoint.h>
-
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -142,10 +138,10 @@ class Endpoint {
   /// The CQ's wait descriptor (owned by libfabric: never close it), or -1 without one.
   int wait_fd() const noexcept { return wait_fd_; }
 
-  /// fi_av_insert of one address.
-  fi_addr_t insert_address(std::span<const std::uint8_t> address, std::error_code& ec) noexcept;
+  /// fi_av_insert of one address; the handle is libfabric's fi_addr_t.
+  std::uint64_t insert_address(std::span<const std::uint8_t> address, std::error_code& ec) noexcept;
   /// fi_av_remove of one handle; returns libfabric's code, and logs a failure (warning).
-  int remove_address(fi_addr_t handle) noexcept;
+  int remove_address(std::uint64_t handle) noexcept;
   /// fi_mr_reg over [base, base + length) with the given access bits and requested key.
   detail::Fid<fid_mr> register_memory(const void* base, std::size_t length, std::uint64_t access,
                                       std::uint64_t requested_key, std::error_code& ec) noexcept;
@@ -183,9 +179,9 @@ class Endpoint {
   std::vector<std::uint8_t> local_address_;
   int wait_fd_ = -1;
   CqFormat cq_format_ = CqFormat::context;
-  std::uint64_t transmit_complete_flag_ = FI_INJECT_COMPLETE;
+  std::uint64_t transmit_complete_flag_;  ///< FI_INJECT_COMPLETE until open() reads the provider's answer
   std::optional<std::size_t> rnr_retry_;  ///< set on every endpoint this opens, before fi_enable
-  fi_cq_attr cq_attr_{};
+  int cq_wait_object_ = 0;                ///< the CQ's fi_wait_obj, for the CQ a replaced endpoint gets
   std::string failed_step_;
   LogHandler log_handler_;  ///< the configuration's, for the opens and replacements it logs
 };

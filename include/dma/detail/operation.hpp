@@ -3,11 +3,8 @@
 // lookup table and no virtual call stands between a CQ entry and its completion.
 #pragma once
 
-#include <dma/detail/fid.hpp>
 #include <dma/error.hpp>
 #include <dma/transfer.hpp>
-
-#include <rdma/fabric.h>
 
 #include <chrono>
 #include <cstddef>
@@ -27,9 +24,10 @@ struct SegmentedTransfer;  // lib/segmenter.hpp: the posts of a transfer that ta
 /// The head of every context the engine hands libfabric, so a CQ entry tells what it returns:
 /// an Operation posted whole, or one post (a SegmentSlot) of a segmented transfer.
 struct PostContext {
-  /// Provider scratch (FI_CONTEXT2 on efa-direct): first, so the pointer libfabric hands back in
-  /// a CQ entry is the context itself.
-  fi_context2 provider_context{};
+  /// Provider scratch (FI_CONTEXT2 on efa-direct), the size and alignment of libfabric's
+  /// fi_context2 (lib/ checks): first, so the pointer libfabric hands back in a CQ entry is the
+  /// context itself.
+  alignas(void*) std::byte provider_context[8 * sizeof(void*)]{};
   bool segment = false;  ///< a SegmentSlot (lib/segment_tracker.hpp), not an Operation
 
   static const PostContext& of(const void* context) noexcept { return *static_cast<const PostContext*>(context); }

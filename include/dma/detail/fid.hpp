@@ -1,6 +1,8 @@
 // One owner per libfabric object: Fid<T> closes its fid exactly once.
 #pragma once
 
+#include <dma/export.hpp>
+
 #include <memory>
 #include <utility>
 
@@ -17,12 +19,12 @@ struct fi_info;
 namespace dma::detail {
 
 /// fi_close of one libfabric object, one overload per type Fid owns; fi_close's result.
-int close_fid(fid_av* object) noexcept;
-int close_fid(fid_cq* object) noexcept;
-int close_fid(fid_domain* object) noexcept;
-int close_fid(fid_ep* object) noexcept;
-int close_fid(fid_fabric* object) noexcept;
-int close_fid(fid_mr* object) noexcept;
+DMA_EXPORT int close_fid(fid_av* object) noexcept;
+DMA_EXPORT int close_fid(fid_cq* object) noexcept;
+DMA_EXPORT int close_fid(fid_domain* object) noexcept;
+DMA_EXPORT int close_fid(fid_ep* object) noexcept;
+DMA_EXPORT int close_fid(fid_fabric* object) noexcept;
+DMA_EXPORT int close_fid(fid_mr* object) noexcept;
 
 /// Owns one libfabric object (fid_fabric, fid_domain, fid_av, fid_cq, fid_ep, fid_mr).
 template <typename T>
@@ -61,7 +63,7 @@ class Fid {
 };
 
 /// Frees an fi_info list (fi_getinfo's or fi_dupinfo's) with fi_freeinfo.
-struct InfoDeleter {
+struct DMA_EXPORT InfoDeleter {
   void operator()(fi_info* info) const noexcept;
 };
 /// Owns an fi_info list.

@@ -5,6 +5,7 @@
 // and the reply sent, in the reply callback on the main thread. See docs/redis-module.md.
 #include <dma/dma.hpp>
 
+#include "confirmation.hpp"
 #include "fabric_host.hpp"
 #include "module_api.hpp"
 #include "options.hpp"
@@ -54,6 +55,7 @@ struct Transfer {
   std::byte* bytes = nullptr;   ///< DMA.SET: inside `value`; DMA.GET: a copy taken by RedisModule_Alloc
   std::size_t length = 0;
   std::optional<std::uint32_t> expected_crc;
+  std::optional<std::uint64_t> token;  ///< DMA.GET: the client's, sent as the write's immediate data
   dma::Outcome outcome;
   std::int64_t completed_ns = 0;  ///< when the completer handed it over (steady clock)
 };
@@ -76,6 +78,7 @@ struct Counters {
   std::uint64_t sets_in_flight = 0, gets_in_flight = 0;
   std::uint64_t transfers_ok = 0, transfers_failed = 0, transfers_timed_out = 0, crc_mismatches = 0;
   std::uint64_t bytes_read = 0, bytes_written = 0;
+  std::uint64_t gets_notified = 0;    ///< DMA.GET writes that carried the client's token
   std::uint64_t replies_dropped = 0;  ///< transfers whose client left before the reply
   std::uint64_t get_copies = 0, get_copy_ns = 0, get_copy_bytes = 0;
   std::uint64_t set_alloc_ns = 0, set_alloc_bytes = 0;  ///< DMA.SET's value strings (zero-filled)
@@ -87,6 +90,7 @@ struct Module {
   std::shared_ptr<dma::Pool> pool;
   std::unique_ptr<Service> service;
   dma::EndpointInfo info;
+  kv::Confirmation confirmation = kv::Confirmation::reply;  ///< what DMA.HELLO tells clients
   std::string address_hex;
   std::unordered_map<std::uint64_t, dma::PeerAddress> peers;  ///< client id -> its DMA.HELLO address
 };
@@ -146,6 +150,7 @@ void release(rm::Ctx*, void* data) {
   if (transfer->outcome) {
     ++counters.transfers_ok;
     (transfer->set ? counters.bytes_read : counters.bytes_written) += transfer->length;
+    if (transfer->token) ++counters.gets_notified;
   } else {
     ++counters.transfers_failed;
     if (transfer->outcome.error() == std::errc::timed_out) ++counters.transfers_timed_out;
@@ -172,6 +177,7 @@ void start(rm::Ctx* ctx, Transfer* transfer, const dma::PeerAddress& peer, std::
   request.direction = transfer->set ? dma::Direction::FromPeer : dma::Direction::ToPeer;
   request.length = transfer->length;
   request.want_checksum = true;
+  request.immediate_data = transfer->token;  // the client's Target hears it once the bytes have landed
   request.caller_context = Operation{transfer};
   if (module->service->submit(std::move(request))) {
     transfer->outcome = dma::Outcome(dma::make_error_code(dma::errc::shutdown));
@@ -254,10 +260,12 @@ int hello(rm::Ctx* ctx, rm::String** argv, int argc) {
   module->peers.emplace(id, address);
   ++counters.hellos;
   ++counters.dma_clients;
-  api.ReplyWithArray(ctx, 3);
+  api.ReplyWithArray(ctx, 4);
   api.ReplyWithStringBuffer(ctx, module->address_hex.data(), module->address_hex.size());
   api.ReplyWithLongLong(ctx, static_cast<long long>(id));
-  return api.ReplyWithLongLong(ctx, static_cast<long long>(module->options.max_value));
+  api.ReplyWithLongLong(ctx, static_cast<long long>(module->options.max_value));
+  const auto confirmation = kv::to_string(module->confirmation);
+  return api.ReplyWithStringBuffer(ctx, confirmation.data(), confirmation.size());
 }
 
 int dma_set(rm::Ctx* ctx, rm::String** argv, int argc) {
@@ -311,11 +319,19 @@ int dma_set(rm::Ctx* ctx, rm::String** argv, int argc) {
 }
 
 int dma_get(rm::Ctx* ctx, rm::String** argv, int argc) {
-  if (argc != 5) return api.WrongArity(ctx);
+  if (argc != 5 && argc != 6) return api.WrongArity(ctx);
   const dma::PeerAddress* peer = peer_of(ctx, "DMA.GET");
   if (peer == nullptr) return rm::ok;
   const auto window = parse_window(ctx, argv + 2, "capacity");
   if (!window) return rm::ok;
+  std::optional<std::uint64_t> token;
+  if (argc == 6) {
+    token = dma::parse_u64(view(argv[5]));
+    if (!token || *token > kv::max_token) {
+      return error(ctx, "ERR invalid token '" + std::string(view(argv[5]).substr(0, 32)) +
+                            "': a notification token is a number below 2^32");
+    }
+  }
   rm::Key* key = api.OpenKey(ctx, argv[1], rm::read);
   if (key == nullptr || api.KeyType(key) == rm::keytype_empty) {
     if (key != nullptr) api.CloseKey(key);
@@ -352,6 +368,7 @@ int dma_get(rm::Ctx* ctx, rm::String** argv, int argc) {
   transfer->key = view(argv[1]);
   transfer->bytes = copy;
   transfer->length = length;
+  transfer->token = token;
   start(ctx, transfer, *peer, window->rkey, window->address);
   return rm::ok;
 }
@@ -376,6 +393,7 @@ std::string info_text() {
   line("fabric_address", module->address_hex);
   line("any_fabric_host", module->options.allow_any_fabric_host ? "yes" : "no");
   line("max_value", module->options.max_value);
+  line("get_confirmation", kv::to_string(module->confirmation));
   s += "\r\n# Clients\r\n";
   line("dma_clients", c.dma_clients);
   line("hellos", c.hellos);
@@ -391,6 +409,7 @@ std::string info_text() {
   line("replies_dropped", c.replies_dropped);
   line("bytes_read_from_clients", c.bytes_read);
   line("bytes_written_to_clients", c.bytes_written);
+  line("gets_notified", c.gets_notified);
   line("get_copies", c.get_copies);
   line("get_copy_bytes", c.get_copy_bytes);
   line("get_copy_us", c.get_copy_ns / 1000);
@@ -465,6 +484,14 @@ int load(rm::Ctx* ctx, rm::String** argv, int argc) {
     return rm::err;
   }
   loaded->info = loaded->service->describe();
+  loaded->confirmation = kv::resolve_confirmation(loaded->options.confirm_gets, loaded->info);
+  if (auto why = kv::check_token_room(loaded->info);
+      !why.empty() && loaded->confirmation == kv::Confirmation::notification) {
+    api.Log(ctx, "warning", "dma: confirm-gets notification: %s", why.c_str());
+    stop();
+    module = nullptr;
+    return rm::err;
+  }
   loaded->address_hex = dma::encode_hex(loaded->service->local_address());
   module = loaded.release();
   struct Command {
@@ -489,8 +516,9 @@ int load(rm::Ctx* ctx, rm::String** argv, int argc) {
   }
   api.SubscribeToServerEvent(ctx, rm::event_client_change, client_changed);
   api.SubscribeToServerEvent(ctx, rm::event_shutdown, shutting_down);
-  api.Log(ctx, "notice", "dma: fabric %s, address %s, max-value %zu", module->info.provider.c_str(),
-          module->address_hex.c_str(), module->options.max_value);
+  api.Log(ctx, "notice", "dma: fabric %s, address %s, max-value %zu, DMA.GET confirmed by %s",
+          module->info.provider.c_str(), module->address_hex.c_str(), module->options.max_value,
+          std::string(kv::to_string(module->confirmation)).c_str());
   return rm::ok;
 }
 

@@ -30,11 +30,11 @@ std::error_code doom_error(Doom doom) noexcept {
 
 std::string doom_detail(const Operation& op) {
   const std::string handed_back = "; closing its endpoint handed it back";
-  switch (op.doom) {
+  const OperationState& s = state(op);
+  switch (s.doom) {
     case Doom::deadline:
       return "posted, and not completed within its deadline of " +
-             duration_text(std::chrono::duration_cast<std::chrono::nanoseconds>(op.deadline - op.accepted)) +
-             handed_back;
+             duration_text(std::chrono::duration_cast<std::chrono::nanoseconds>(s.deadline - s.accepted)) + handed_back;
     case Doom::cancelled:
       return "cancelled while posted" + handed_back;
     default:

@@ -5,9 +5,8 @@
 
 #include "ledger.hpp"
 #include "log.hpp"
+#include "operation_state.hpp"
 #include "poster.hpp"
-
-#include <dma/detail/operation.hpp>
 
 #include <rdma/fi_eq.h>
 
@@ -57,12 +56,13 @@ std::string error_detail(fid_cq* cq, const fi_cq_err_entry& entry, bool describe
 template <typename Host>
 ErrorSort sort_failure(Operation* op, const fi_cq_err_entry& entry, const std::string& detail, Poster& poster,
                        const Log& log, Host& host) {
-  const ErrorSort sort = sort_error(entry.err, op->doom);
-  PeerFlow& flow = op->peer->flow;
+  const ErrorSort sort = sort_error(entry.err, state(*op).doom);
+  Peer& peer = *state(*op).peer;
+  PeerFlow& flow = peer.flow;
   if (sort.peer == ErrorSort::PeerFate::reconnect) {
     if (!flow.refresh) {
       log(LogLevel::info, [&] {
-        return "connection lost: peer " + encode_hex(op->peer->address) + ": " + fi_strerror(entry.err) +
+        return "connection lost: peer " + encode_hex(peer.address) + ": " + fi_strerror(entry.err) +
                " (err=" + std::to_string(entry.err) + ", prov_errno=" + std::to_string(entry.prov_errno) +
                "); the next transfer reconnects";
       });

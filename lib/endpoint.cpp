@@ -5,7 +5,10 @@
 #include "hints.hpp"
 #include "log.hpp"
 
+#include <rdma/fabric.h>
 #include <rdma/fi_cm.h>
+#include <rdma/fi_domain.h>
+#include <rdma/fi_endpoint.h>
 #include <rdma/fi_eq.h>
 #include <rdma/fi_errno.h>
 
@@ -37,6 +40,14 @@ std::string hex(std::uint64_t value) {
 }
 
 const char* or_empty(const char* text) { return text != nullptr ? text : ""; }
+
+fi_cq_attr cq_attributes(Endpoint::CqFormat format, std::size_t size, int wait_object) noexcept {
+  fi_cq_attr attr{};
+  attr.format = format == Endpoint::CqFormat::data ? FI_CQ_FORMAT_DATA : FI_CQ_FORMAT_CONTEXT;
+  attr.size = size;
+  attr.wait_obj = static_cast<fi_wait_obj>(wait_object);
+  return attr;
+}
 
 }  // namespace
 
@@ -89,7 +100,7 @@ std::vector<std::string> discover_domains(const Configuration& configuration) {
   return names;
 }
 
-Endpoint::Endpoint() noexcept = default;
+Endpoint::Endpoint() noexcept : transmit_complete_flag_(FI_INJECT_COMPLETE) {}
 
 Endpoint::~Endpoint() { close(); }
 
@@ -266,7 +277,8 @@ Endpoint::Retired Endpoint::replace_endpoint(std::error_code& ec) {
     local_address_ = old_address;
   };
   const detail::Log log(log_handler_);
-  if (int code = fi_cq_open(domain_.get(), &cq_attr_, cq_.out(), nullptr); code != 0) {
+  fi_cq_attr attr = cq_attributes(cq_format_, info_.cq_size, cq_wait_object_);
+  if (int code = fi_cq_open(domain_.get(), &attr, cq_.out(), nullptr); code != 0) {
     ec = fabric_error(code);
     failed_step_ = "fi_cq_open";
     restore();
@@ -290,19 +302,18 @@ Endpoint::Retired Endpoint::replace_endpoint(std::error_code& ec) {
 
 void Endpoint::read_wait_fd() noexcept {
   wait_fd_ = -1;
-  if (cq_attr_.wait_obj != FI_WAIT_FD) return;
+  if (cq_wait_object_ != FI_WAIT_FD) return;
   int fd = -1;
   if (fi_control(&cq_.get()->fid, FI_GETWAIT, &fd) == 0 && fd >= 0) wait_fd_ = fd;
 }
 
 void Endpoint::open_cq(const Configuration& configuration, std::error_code& ec) {
   const std::size_t wanted_credits = requested_in_flight(configuration, info_.tx_size);
-  fi_cq_attr attr{};
-  attr.format = cq_format_ == CqFormat::data ? FI_CQ_FORMAT_DATA : FI_CQ_FORMAT_CONTEXT;
   // Room for many peers' credits: a peer that stops answering holds its credits until their
   // deadline, and the others post meanwhile.
-  attr.size = configuration.cq_size != 0 ? configuration.cq_size : std::max<std::size_t>(1024, 2 * wanted_credits);
-  attr.wait_obj = detail::read_answer(*fi_info_, configuration, fi_version()).cq_wait;
+  fi_cq_attr attr = cq_attributes(
+      cq_format_, configuration.cq_size != 0 ? configuration.cq_size : std::max<std::size_t>(1024, 2 * wanted_credits),
+      detail::read_answer(*fi_info_, configuration, fi_version()).cq_wait);
   int code = fi_cq_open(domain_.get(), &attr, cq_.out(), nullptr);
   if (code != 0 && attr.wait_obj == FI_WAIT_FD) {
     // shm and efa-with-shm refuse an fd; the service then polls on its executor.
@@ -317,7 +328,7 @@ void Endpoint::open_cq(const Configuration& configuration, std::error_code& ec) 
   info_.cq_size = attr.size;
   info_.credits = std::min(wanted_credits, info_.cq_size);
   info_.in_flight_limit = info_.tx_size == 0 ? info_.cq_size : std::min(info_.tx_size, info_.cq_size);
-  cq_attr_ = attr;
+  cq_wait_object_ = attr.wait_obj;
   read_wait_fd();
   info_.wait_fd = wait_fd_ >= 0;
 }

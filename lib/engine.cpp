@@ -35,6 +35,8 @@
 #include <dma/detail/block_pool.hpp>
 #include <dma/error.hpp>
 
+#include <rdma/fabric.h>
+
 #include <asio/bind_allocator.hpp>
 #include <asio/error.hpp>
 #include <asio/io_context.hpp>
@@ -45,6 +47,11 @@
 #include <string_view>
 
 namespace dma::detail {
+
+// The public headers carry no libfabric type: PostContext's scratch stands in for fi_context2.
+static_assert(sizeof(PostContext::provider_context) == sizeof(fi_context2) &&
+              offsetof(PostContext, provider_context) == 0 && alignof(PostContext) >= alignof(fi_context2));
+
 namespace {
 
 // The drain running on this thread, if any: what drain_position() reports, and how submit() tells
@@ -120,6 +127,7 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
 
   // ---- any thread ----------------------------------------------------------------------------
   void submit(Operation* op) override {
+    begin_state(*op);
     ledger_.submitted();
     if (current_drain == &place_) {  // this engine's reaper, on this thread: a handler resubmitting
       intake_.push_joined(op);
@@ -204,8 +212,9 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
     if (PostContext::of(context).segment) return segment_completed(*SegmentSlot::from_context(context));
     Operation* op = Operation::from_context(context);
     returned(op);
-    op->peer->flow.succeeded();
-    latency_.record(op->accepted, drain_clock());
+    const OperationState& s = state(*op);
+    s.peer->flow.succeeded();
+    latency_.record(s.accepted, drain_clock());
     ledger_.succeed(op);
   }
   // A large transfer the batch's first handler resubmitted goes out now, before the other
@@ -239,18 +248,19 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
     Operation* op = Operation::from_context(entry.op_context);
     returned(op);
     (void)drain_clock();
-    if (reclaimer_.closed(*op) && op->doom == Doom::none) return hand_back(op) ? 0 : 1;
-    std::string detail = op->doom != Doom::none ? doom_detail(*op) : error_detail(cq, entry, true);
+    const OperationState& s = state(*op);
+    if (reclaimer_.closed(*op) && s.doom == Doom::none) return hand_back(op) ? 0 : 1;
+    std::string detail = s.doom != Doom::none ? doom_detail(*op) : error_detail(cq, entry, true);
     const ErrorSort sort = sort_failure(op, entry, detail, poster_, log_, *this);
     if (sort.peer == ErrorSort::PeerFate::reconnect && retry_alone(op)) return 0;
-    if (op->suspect) detail += "; posted again alone after its connection broke, it failed again";
+    if (s.suspect) detail += "; posted again alone after its connection broke, it failed again";
     ledger_.finish(op, sort.ec, entry.prov_errno, std::move(detail));
     return 1;
   }
 
   // The poster's host.
   std::error_code prepare(Operation& op) {
-    if (op.segments != nullptr) return {};  // planned when it was first at its queue's front
+    if (state(op).segments != nullptr) return {};  // planned when it was first at its queue's front
     if (segmenter_.needed(op)) {
       segmented_.add();
       return segmenter_.plan(op, &describe_buffer, this, prepare_detail_);
@@ -264,20 +274,20 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
                    prepare_detail_.empty() ? std::string("preparing the post") : std::exchange(prepare_detail_, {}));
   }
   ssize_t post(Operation& op, fi_addr_t peer, bool more) {
-    if (op.segments != nullptr) {
+    if (state(op).segments != nullptr) {
       return Segmenter::post(endpoint_.endpoint(), op, peer, more, endpoint_.transmit_complete_flag());
     }
     return post_rma(endpoint_.endpoint(), op, peer, more, endpoint_.transmit_complete_flag());
   }
   void posted(Operation& op) noexcept {
-    if (op.segments != nullptr) return Segmenter::posted(op, reclaimer_.posted_segment());
+    if (state(op).segments != nullptr) return Segmenter::posted(op, reclaimer_.posted_segment());
     reclaimer_.posted(op);
   }
   std::error_code refresh(Peer& peer) { return peers_->refresh(peer); }
   // A transfer that took some of its posts already completes once they are back.
   void fail_queued(Operation* op, std::error_code ec, std::string detail) {
-    if (op->segments != nullptr && op->posted) {
-      if (op->segments->tracker.fail(ec, 0, std::move(detail))) finish_segmented(op);
+    if (const OperationState& s = state(*op); s.segments != nullptr && s.posted) {
+      if (s.segments->tracker.fail(ec, 0, std::move(detail))) finish_segmented(op);
       return;
     }
     ledger_.finish(op, ec, 0, std::move(detail));
@@ -286,10 +296,10 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
   bool segment_continues(const Operation& op) const noexcept { return Segmenter::continues(op); }
   bool segment_all_posted(const Operation& op) const noexcept { return Segmenter::all_posted(op); }
   void stop_segmented(Operation* op) {
-    SegmentTracker& tracker = op->segments->tracker;
+    SegmentTracker& tracker = state(*op).segments->tracker;
     if (!tracker.failed()) {
       (void)tracker.fail(
-          doom_error(op->doom), 0,
+          doom_error(state(*op).doom), 0,
           "stopped before its last post: " + std::to_string(tracker.posts()) + " of its posts were made");
     }
     finish_segmented(op);
@@ -434,14 +444,15 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
   }
   // The provider handed op back (successfully or not): the bookkeeping of a posted transfer.
   void returned(Operation* op) noexcept {
-    if (op->suspect) op->peer->flow.isolating = false;
+    const OperationState& s = state(*op);
+    if (s.suspect) s.peer->flow.isolating = false;
     if (reclaimer_.returned(*op)) reclaim_due_ = true;
-    poster_.returned(op->peer->flow);
+    poster_.returned(s.peer->flow);
   }
   // The endpoints are closed and op's posts never came back (shutdown): settles them all.
   void abandoned(Operation* op) {
-    if (op->segments == nullptr) return returned(op);
-    SegmentTracker& tracker = op->segments->tracker;
+    if (state(*op).segments == nullptr) return returned(op);
+    SegmentTracker& tracker = state(*op).segments->tracker;
     tracker.for_each_in_flight([&](SegmentSlot& slot) {
       segment_returned(*op, slot);
       (void)tracker.returned(slot, errc::shutdown);
@@ -464,14 +475,15 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
   }
   // One post of op came back: the bookkeeping of a posted transfer, per post.
   void segment_returned(Operation& op, const SegmentSlot& slot) noexcept {
-    if (reclaimer_.returned_segment(slot.generation, op.doom != Doom::none)) reclaim_due_ = true;
-    poster_.returned(op.peer->flow);
+    if (reclaimer_.returned_segment(slot.generation, state(op).doom != Doom::none)) reclaim_due_ = true;
+    poster_.returned(state(op).peer->flow);
   }
   void segment_completed(SegmentSlot& slot) {
     Operation* op = owner_of(slot);
     segment_returned(*op, slot);
-    op->peer->flow.succeeded();
-    if (op->segments->tracker.returned(slot)) finish_segmented(op);
+    const OperationState& s = state(*op);
+    s.peer->flow.succeeded();
+    if (s.segments->tracker.returned(slot)) finish_segmented(op);
   }
   // The peer's fate is settled before the post is taken back, so a queue failed on the way
   // (an unreachable peer) finds this transfer still waiting for it.
@@ -480,16 +492,17 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
     segment_returned(*op, slot);
     (void)drain_clock();
     const bool closed = reclaimer_.closed(slot.generation);
-    if (closed && op->doom == Doom::none && hand_back_segment(*op, slot)) return;
-    std::string detail = op->doom != Doom::none ? doom_detail(*op) : error_detail(cq, entry, !closed);
+    const OperationState& s = state(*op);
+    if (closed && s.doom == Doom::none && hand_back_segment(*op, slot)) return;
+    std::string detail = s.doom != Doom::none ? doom_detail(*op) : error_detail(cq, entry, !closed);
     const ErrorSort sort = sort_failure(op, entry, detail, poster_, log_, *this);
-    if (op->segments->tracker.returned(slot, sort.ec, entry.prov_errno, std::move(detail))) finish_segmented(op);
+    if (s.segments->tracker.returned(slot, sort.ec, entry.prov_errno, std::move(detail))) finish_segmented(op);
   }
   // Every post op made is back: it completes, once.
   void finish_segmented(Operation* op) {
-    if (!op->segments->tracker.all_posted()) (void)poster_.withdraw(op);  // still at its queue's front
+    if (!state(*op).segments->tracker.all_posted()) (void)poster_.withdraw(op);  // still at its queue's front
     Outcome outcome = Segmenter::outcome(*op);
-    if (outcome.ok()) latency_.record(op->accepted, drain_clock());
+    if (outcome.ok()) latency_.record(state(*op).accepted, drain_clock());
     ledger_.settle(op, std::move(outcome));
   }
 
@@ -509,60 +522,64 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
     }
     reposted_.add();
     requeue(op);
-    op->reposted = true;
+    state(*op).reposted = true;
     return true;
   }
   // The same for one post of a segmented transfer: it is posted again unless it carried immediate
   // data. Returns whether it will be.
   bool hand_back_segment(Operation& op, SegmentSlot& slot) {
     if (shutdown_.stopping()) return false;
-    const bool was_all_posted = op.segments->tracker.all_posted();
+    OperationState& s = state(op);
+    const bool was_all_posted = s.segments->tracker.all_posted();
     if (!segmenter_.hand_back(op, slot)) {
       if (!op.request.immediate_data) return false;
-      if (op.segments->tracker.returned(slot, errc::connection_lost, 0, std::string(immediate_data_handed_back))) {
+      if (s.segments->tracker.returned(slot, errc::connection_lost, 0, std::string(immediate_data_handed_back))) {
         finish_segmented(&op);
       }
       return true;
     }
     reposted_.add();
-    op.reposted = true;
-    op.peer->flow.connected = false;
-    if (was_all_posted) poster_.requeue(op.peer->flow, &op);  // out of its queue since its last post
+    s.reposted = true;
+    s.peer->flow.connected = false;
+    if (was_all_posted) poster_.requeue(s.peer->flow, &op);  // out of its queue since its last post
     return true;
   }
   void requeue(Operation* op) {
-    op->posted = false;
-    op->peer->flow.connected = false;
-    poster_.requeue(op->peer->flow, op);
+    OperationState& s = state(*op);
+    s.posted = false;
+    s.peer->flow.connected = false;
+    poster_.requeue(s.peer->flow, op);
   }
   // A transfer failed with its connection: on a shared connection, another transfer (a wrong key
   // or range, which the target answers by closing the connection) may have broken it. It is posted
   // again alone once; failing again alone, it is the one the peer rejects. Not a write with
   // immediate data (it may have notified already) or a segmented transfer, nor past its deadline.
   bool retry_alone(Operation* op) {
-    if (op->suspect || op->request.immediate_data || op->segments != nullptr || shutdown_.stopping() ||
-        Clock::now() >= op->deadline) {
+    OperationState& s = state(*op);
+    if (s.suspect || op->request.immediate_data || s.segments != nullptr || shutdown_.stopping() ||
+        Clock::now() >= s.deadline) {
       return false;
     }
-    op->suspect = true;
+    s.suspect = true;
     isolated_retries_.add();
     requeue(op);
     return true;
   }
   // Every peer a read posted on endpoint `generation` still goes to.
   void read_peers_on(std::uint32_t generation, std::vector<std::vector<std::uint8_t>>& peers) {
-    auto add = [&](const Operation& op) {
-      if (std::find(peers.begin(), peers.end(), op.peer->address) == peers.end()) peers.push_back(op.peer->address);
+    auto add = [&](const Peer& peer) {
+      if (std::find(peers.begin(), peers.end(), peer.address) == peers.end()) peers.push_back(peer.address);
     };
-    for (Operation* op = ledger_.oldest(); op != nullptr; op = op->newer) {
-      if (!op->posted || op->request.direction != Direction::FromPeer || op->peer == nullptr) continue;
-      if (op->segments == nullptr) {
-        if (op->generation == generation) add(*op);
+    for (Operation* op = ledger_.oldest(); op != nullptr; op = state(*op).newer) {
+      const OperationState& s = state(*op);
+      if (!s.posted || op->request.direction != Direction::FromPeer || s.peer == nullptr) continue;
+      if (s.segments == nullptr) {
+        if (s.generation == generation) add(*s.peer);
         continue;
       }
       bool on_it = false;
-      op->segments->tracker.for_each_in_flight([&](SegmentSlot& slot) { on_it |= slot.generation == generation; });
-      if (on_it) add(*op);
+      s.segments->tracker.for_each_in_flight([&](SegmentSlot& slot) { on_it |= slot.generation == generation; });
+      if (on_it) add(*s.peer);
     }
   }
   // A successful entry without an operation: a provider fault, counted and never followed.

@@ -3,7 +3,7 @@
 // handler that a pass runs inline resubmits into that pass without the lock (strand only).
 #pragma once
 
-#include <dma/detail/operation.hpp>
+#include "operation_state.hpp"
 
 #include <atomic>
 #include <mutex>

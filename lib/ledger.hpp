@@ -42,9 +42,10 @@ class Ledger {
   /// op is accepted at `now` (its peer acquired): its deadline starts.
   void accept(Operation* op, Clock::time_point now) noexcept {
     const auto& asked = op->request.deadline;
-    op->accepted = now;
-    op->deadline = deadline_after(now, asked ? std::max(*asked, std::chrono::nanoseconds(0)) : default_deadline_);
-    if (op->deadline < next_deadline_) next_deadline_ = op->deadline;
+    OperationState& s = state(*op);
+    s.accepted = now;
+    s.deadline = deadline_after(now, asked ? std::max(*asked, std::chrono::nanoseconds(0)) : default_deadline_);
+    if (s.deadline < next_deadline_) next_deadline_ = s.deadline;
     accepted_.push_back(op);
   }
   /// Accepts a submitted op at `now` into its peer's queue in the poster, or completes it at once:
@@ -59,7 +60,7 @@ class Ledger {
       peer = peers_->acquire(op->request.client_id, op->request.peer_address, ec);
       if (peer == nullptr) return refuse(op, ec);
     }
-    op->peer = peer;
+    state(*op).peer = peer;
     accept(op, now);
     if (peer->flow.backing_off(now)) {
       const auto left = std::chrono::duration_cast<std::chrono::nanoseconds>(peer->flow.unreachable_until - now);
@@ -80,9 +81,9 @@ class Ledger {
   /// its address reused): a queued one completes at once with operation_aborted, a posted one is
   /// doomed for the reclaimer to hand back. Nothing for one completed or doomed already.
   Cancelled cancel(Operation* op, std::uint64_t sequence, CancelScope scope, Poster& poster, Reclaimer& reclaimer) {
-    if (!holds(op, sequence) || op->doom != Doom::none) return Cancelled::nothing;
-    if (op->posted && scope == CancelScope::queued) return Cancelled::nothing;  // it would have side effects
-    if (!op->posted) {
+    if (!holds(op, sequence) || state(*op).doom != Doom::none) return Cancelled::nothing;
+    if (state(*op).posted && scope == CancelScope::queued) return Cancelled::nothing;  // it would have side effects
+    if (!state(*op).posted) {
       (void)poster.withdraw(op);
       finish(op, asio::error::operation_aborted);
       return Cancelled::finished;
@@ -97,12 +98,12 @@ class Ledger {
     failed_.add();
     if (ec == errc::timed_out) timed_out_.add();
     if (ec == asio::error::operation_aborted) cancelled_.add();
-    op->functions->complete(op, Outcome(ec, provider_errno, std::move(detail)));
+    complete(op, Outcome(ec, provider_errno, std::move(detail)));
   }
   void succeed(Operation* op) {
     release(op);
     completed_.add();
-    op->functions->complete(op, Outcome(TransferDone{op->length, std::nullopt}));
+    complete(op, Outcome(TransferDone{op->length, std::nullopt}));
   }
   /// Completes op with an outcome made before its release (a segmented transfer's, whose CRC
   /// covers buffers its block lists).
@@ -115,21 +116,21 @@ class Ledger {
       if (outcome.error() == errc::timed_out) timed_out_.add();
       if (outcome.error() == asio::error::operation_aborted) cancelled_.add();
     }
-    op->functions->complete(op, std::move(outcome));
+    complete(op, std::move(outcome));
   }
   /// An operation refused before it was accepted: it holds nothing yet.
   void refuse(Operation* op, std::error_code ec) {
     outstanding_.fetch_sub(1, std::memory_order_relaxed);
     failed_.add();
-    op->functions->complete(op, Outcome(ec));
+    complete(op, Outcome(ec));
   }
   /// The execution context is going away: frees every accepted operation without invoking it.
   void destroy_all() noexcept {
     while (Operation* op = accepted_.oldest()) {
       accepted_.unlink(op);
-      op->lease.reset();
-      if (op->segments != nullptr) segmenter_->release(*op);
-      op->functions->destroy(op);
+      state(*op).lease.reset();
+      if (state(*op).segments != nullptr) segmenter_->release(*op);
+      destroy(op);
     }
   }
 
@@ -165,9 +166,10 @@ class Ledger {
   // What an accepted operation holds, given back before its handler runs.
   void release(Operation* op) {
     accepted_.unlink(op);
-    op->lease.reset();
-    if (op->segments != nullptr) segmenter_->release(*op);
-    peers_->settle(*op->peer);
+    OperationState& s = state(*op);
+    s.lease.reset();
+    if (s.segments != nullptr) segmenter_->release(*op);
+    peers_->settle(*s.peer);
     outstanding_.fetch_sub(1, std::memory_order_relaxed);
   }
 
@@ -189,18 +191,19 @@ bool Ledger::sweep(Clock::time_point now, Reclaimer& reclaimer, Poster& poster, 
   next_deadline_ = Clock::time_point::max();
   std::vector<PeerFlow*> late_peers;
   std::vector<PeerFlow*> queues;
-  for (Operation* op = accepted_.oldest(); op != nullptr; op = op->newer) {
-    if (op->doom != Doom::none) continue;
-    if (op->deadline > now) {
-      next_deadline_ = std::min(next_deadline_, op->deadline);
+  for (Operation* op = accepted_.oldest(); op != nullptr; op = state(*op).newer) {
+    OperationState& s = state(*op);
+    if (s.doom != Doom::none) continue;
+    if (s.deadline > now) {
+      next_deadline_ = std::min(next_deadline_, s.deadline);
       continue;
     }
-    PeerFlow& flow = op->peer->flow;
-    if (op->posted) {
+    PeerFlow& flow = s.peer->flow;
+    if (s.posted) {
       reclaimer.doom(*op, Doom::deadline);
       if (!flow.marked) late_peers.push_back(&flow);
     } else {
-      op->doom = Doom::deadline;  // queued: failed below, in one pass over its queue
+      s.doom = Doom::deadline;  // queued: failed below, in one pass over its queue
       if (!flow.marked) queues.push_back(&flow);
     }
     flow.marked = true;
@@ -216,8 +219,8 @@ bool Ledger::sweep(Clock::time_point now, Reclaimer& reclaimer, Poster& poster, 
   for (PeerFlow* flow : late_peers) {
     (*log_)(LogLevel::warning, [&] {
       std::size_t n = 0;
-      for (const Operation* op = accepted_.oldest(); op != nullptr; op = op->newer)
-        n += op->posted && op->doom == Doom::deadline && &op->peer->flow == flow;
+      for (const Operation* op = accepted_.oldest(); op != nullptr; op = state(*op).newer)
+        n += state(*op).posted && state(*op).doom == Doom::deadline && &state(*op).peer->flow == flow;
       return "transfers timed out: " + std::to_string(n) + " posted to peer " +
              encode_hex(Poster::peer_of(*flow).address) +
              " not completed within their deadline; handing them back by replacing the endpoint";

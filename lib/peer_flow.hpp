@@ -3,7 +3,7 @@
 // leaves the round-robin; the others keep posting.
 #pragma once
 
-#include <dma/detail/operation.hpp>
+#include "operation_state.hpp"
 
 #include <chrono>
 #include <cstddef>

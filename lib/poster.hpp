@@ -74,7 +74,7 @@ inline ssize_t post_rma(fid_ep* endpoint, Operation& op, fi_addr_t peer, bool mo
   fi_rma_iov rma{op.request.remote_address, op.length, op.request.remote_key};
   fi_msg_rma msg{};
   msg.msg_iov = &iov;
-  msg.desc = &op.descriptor;
+  msg.desc = &state(op).descriptor;
   msg.iov_count = 1;
   msg.addr = peer;
   msg.rma_iov = &rma;
@@ -149,7 +149,7 @@ class Poster {
 
   /// Takes a queued op out of its peer's queue (cancellation); false when it is not queued.
   bool withdraw(Operation* op) noexcept {
-    PeerFlow& flow = op->peer->flow;
+    PeerFlow& flow = state(*op).peer->flow;
     if (!flow.queue.remove(op)) return false;
     --queued_;
     if (flow.queue.empty()) flows_.remove(flow);
@@ -170,7 +170,7 @@ class Poster {
   /// Fails the queued transfers of flow that are doomed (past their deadline), in one pass.
   template <typename Host>
   void fail_doomed(PeerFlow& flow, std::error_code ec, const std::string& detail, Host& host) {
-    flow.queue.remove_if([](const Operation& op) { return op.doom != Doom::none; },
+    flow.queue.remove_if([](const Operation& op) { return state(op).doom != Doom::none; },
                          [&](Operation* op) {
                            --queued_;
                            host.fail_queued(op, ec, detail);
@@ -260,7 +260,7 @@ class Poster {
     if (flow.stalled_since == Clock::time_point{}) flow.stalled_since = now;
     Peer& peer = peer_of(flow);
     const Operation* front = flow.queue.front();
-    if (front != nullptr && (front->reposted || front->suspect)) {
+    if (front != nullptr && (state(*front).reposted || state(*front).suspect)) {
       // Posted again: the peer answered a moment ago. A refused TCP connection says at once that
       // it is gone; anything else is a connection forming, or a frozen peer, which holds its
       // transfers until their deadlines as it did on the endpoint they came back from.
@@ -272,7 +272,7 @@ class Poster {
                                 "nothing listens there any more",
                                 host);
       }
-      if (front->reposted) return flows_.park(flow);
+      if (state(*front).reposted) return flows_.park(flow);
     }
     if (now - flow.stalled_since < limits_.progress_deadline) {
       if (!flow.connected && now - flow.stalled_since >= limits_.progress_deadline / 2) peer.probe.start(peer.address);
@@ -332,8 +332,9 @@ void Poster::post_pending(Host& host) {
     Peer& peer = peer_of(*flow);
     if (flow->refresh && !reconnect(peer, host)) continue;
     Operation* op = flow->queue.front();
+    OperationState& s = state(*op);
     // A suspect goes alone: nothing else of its peer is in flight while it is (PeerFlow::isolating).
-    if (flow->isolating || (op->suspect && flow->in_flight != 0)) {
+    if (flow->isolating || (s.suspect && flow->in_flight != 0)) {
       flows_.remove(*flow);  // rejoins when its transfers in flight come back
       continue;
     }
@@ -342,7 +343,7 @@ void Poster::post_pending(Host& host) {
       host.fail_prepared(op, ec);
       continue;
     }
-    if (op->segments != nullptr) {
+    if (s.segments != nullptr) {
       const SegmentStep step = host.segment_step(*op);
       if (step == SegmentStep::wait) {
         flows_.remove(*flow);  // its posts in flight bring it back
@@ -357,15 +358,15 @@ void Poster::post_pending(Host& host) {
     // FI_MORE: the same peer has another post behind this one (another transfer, or the next
     // post of this one) and a credit for it, or another peer is ready, and the all-peers limit
     // has room for one more.
-    const bool next = op->next != nullptr || (op->segments != nullptr && host.segment_continues(*op));
+    const bool next = s.next != nullptr || (s.segments != nullptr && host.segment_continues(*op));
     const bool more = ((next && flow->in_flight + 1 < limits_.credits) || flows_.others_ready(*flow)) &&
                       in_flight_ + 1 < limits_.limit;
     const ssize_t rc = host.post(*op, peer.handle, more);
     if (rc == 0) {
       host.posted(*op);
-      if (op->segments == nullptr || host.segment_all_posted(*op)) dequeue(*flow);
-      op->posted = true;
-      if (op->suspect) flow->isolating = true;
+      if (s.segments == nullptr || host.segment_all_posted(*op)) dequeue(*flow);
+      s.posted = true;
+      if (s.suspect) flow->isolating = true;
       ++in_flight_;
       ++flow->in_flight;
       posted_.add();

@@ -10,17 +10,18 @@
 namespace dma::detail {
 
 void Reclaimer::doom(Operation& op, Doom why) noexcept {
-  if (!op.posted || op.doom != Doom::none) return;
-  op.doom = why;
-  if (op.segments == nullptr) return doom_post(op, op.generation);
-  op.segments->tracker.for_each_in_flight([&](SegmentSlot& slot) { doom_post(op, slot.generation); });
+  OperationState& s = state(op);
+  if (!s.posted || s.doom != Doom::none) return;
+  s.doom = why;
+  if (s.segments == nullptr) return doom_post(op, s.generation);
+  s.segments->tracker.for_each_in_flight([&](SegmentSlot& slot) { doom_post(op, slot.generation); });
 }
 
 void Reclaimer::doom_post(const Operation& op, std::uint32_t generation) noexcept {
   Generation& g = generation == current_.generation ? current_ : retiring_of(generation);
   ++g.doomed;
-  if (!cut_reads_ || op.request.direction != Direction::FromPeer || op.peer == nullptr) return;
-  const std::vector<std::uint8_t>& address = op.peer->address;
+  if (!cut_reads_ || op.request.direction != Direction::FromPeer || state(op).peer == nullptr) return;
+  const std::vector<std::uint8_t>& address = state(op).peer->address;
   if (std::find(g.read_peers.begin(), g.read_peers.end(), address) != g.read_peers.end()) return;
   try {
     g.read_peers.push_back(address);

@@ -12,9 +12,9 @@
 #pragma once
 
 #include <dma/detail/fid.hpp>
+#include "operation_state.hpp"
 #include "segmenter.hpp"
 
-#include <dma/detail/operation.hpp>
 #include <dma/endpoint.hpp>
 #include <dma/metrics.hpp>
 
@@ -58,20 +58,20 @@ class Reclaimer {
   std::uint32_t current() const noexcept { return current_.generation; }
   /// op was handed to the provider on the current endpoint.
   void posted(Operation& op) noexcept {
-    op.generation = current_.generation;
+    state(op).generation = current_.generation;
     ++current_.in_flight;
   }
   /// The provider handed op back (a CQ entry arrived for it). True when that leaves a replaced
   /// endpoint holding only doomed transfers: step() closes it.
   bool returned(const Operation& op) noexcept {
-    if (op.generation == current_.generation) {
+    if (state(op).generation == current_.generation) {
       --current_.in_flight;
-      if (op.doom != Doom::none) --current_.doomed;
+      if (state(op).doom != Doom::none) --current_.doomed;
       return false;
     }
-    Generation& g = retiring_of(op.generation);
+    Generation& g = retiring_of(state(op).generation);
     --g.in_flight;
-    if (op.doom != Doom::none) --g.doomed;
+    if (state(op).doom != Doom::none) --g.doomed;
     return !g.closed && g.in_flight == g.doomed;
   }
   /// One post of a segmented transfer was handed to the provider: the generation it went to.
@@ -92,7 +92,7 @@ class Reclaimer {
   void doom(Operation& op, Doom why) noexcept;
   /// Whether op's endpoint is closed: its CQ entries must not go through fi_cq_strerror (rxm
   /// reads the closed endpoint's state there).
-  bool closed(const Operation& op) const noexcept { return closed(op.generation); }
+  bool closed(const Operation& op) const noexcept { return closed(state(op).generation); }
   /// Whether endpoint `generation` is closed.
   bool closed(std::uint32_t generation) const noexcept;
 

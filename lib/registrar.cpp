@@ -25,8 +25,8 @@ void Registrar::open(Setup setup) {
 void Registrar::lease(Operation& op, std::error_code& ec) {
   std::shared_ptr<Registration> lease = lease_range(op, reinterpret_cast<std::uintptr_t>(op.buffer), op.length, ec);
   if (!lease) return;
-  op.descriptor = lease->descriptor();
-  op.lease = std::move(lease);
+  state(op).descriptor = lease->descriptor();
+  state(op).lease = std::move(lease);
 }
 
 void* Registrar::describe_buffer(const Operation& op, std::byte* base, std::size_t length, std::shared_ptr<void>& lease,

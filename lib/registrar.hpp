@@ -5,10 +5,10 @@
 #pragma once
 
 #include "counter.hpp"
+#include "operation_state.hpp"
 #include "region_cache.hpp"
 
 #include <dma/configuration.hpp>
-#include <dma/detail/operation.hpp>
 #include <dma/endpoint.hpp>
 #include <dma/metrics.hpp>
 
@@ -120,7 +120,7 @@ class Registrar {
 
   /// The operand's local descriptor where the provider needs one (on the strand, before posting).
   void prepare(Operation& op, std::error_code& ec) {
-    if (setup_.needed && !op.lease && op.length != 0) lease(op, ec);  // 0 bytes need no descriptor
+    if (setup_.needed && !state(op).lease && op.length != 0) lease(op, ec);  // 0 bytes need no descriptor
   }
 
   /// The local descriptor of one of op's buffers, [base, base + length), with its registration

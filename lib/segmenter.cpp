@@ -37,7 +37,7 @@ SegmentedTransfer* Segmenter::take() {
 std::error_code Segmenter::plan(Operation& op, Describe describe_buffer, void* host, std::string& detail) {
   SegmentedTransfer& s = *take();
   s.next_free = nullptr;
-  op.segments = &s;
+  state(op).segments = &s;
   auto refuse = [&](std::error_code ec, std::string text) {
     detail = std::move(text);
     release(op);
@@ -95,9 +95,9 @@ std::error_code Segmenter::plan(Operation& op, Describe describe_buffer, void* h
 }
 
 SegmentStep Segmenter::step(Operation& op) noexcept {
-  SegmentedTransfer& s = *op.segments;
+  SegmentedTransfer& s = *state(op).segments;
   SegmentTracker& tracker = s.tracker;
-  if (op.doom != Doom::none || tracker.failed())
+  if (state(op).doom != Doom::none || tracker.failed())
     return tracker.in_flight() == 0 ? SegmentStep::stop : SegmentStep::wait;
   if (tracker.in_flight() >= tracker.window()) return SegmentStep::wait;
   if (s.redo_count != 0) {
@@ -120,7 +120,7 @@ SegmentStep Segmenter::step(Operation& op) noexcept {
 }
 
 bool Segmenter::continues(const Operation& op) noexcept {
-  const SegmentedTransfer& s = *op.segments;
+  const SegmentedTransfer& s = *state(op).segments;
   if (!s.filled || s.redoing || s.plan.finished(s.after) || s.tracker.in_flight() + 1 >= s.tracker.window()) {
     return false;
   }
@@ -131,7 +131,7 @@ bool Segmenter::continues(const Operation& op) noexcept {
 
 ssize_t Segmenter::post(fid_ep* endpoint, Operation& op, fi_addr_t peer, bool more,
                         std::uint64_t transmit_flag) noexcept {
-  SegmentedTransfer& s = *op.segments;
+  SegmentedTransfer& s = *state(op).segments;
   SegmentSlot* slot = s.tracker.next_slot();
   if (slot == nullptr || !s.filled) return -FI_EAGAIN;  // step() said post: unreachable
   fi_msg_rma msg{};
@@ -154,7 +154,7 @@ ssize_t Segmenter::post(fid_ep* endpoint, Operation& op, fi_addr_t peer, bool mo
 }
 
 void Segmenter::posted(Operation& op, std::uint32_t generation) noexcept {
-  SegmentedTransfer& s = *op.segments;
+  SegmentedTransfer& s = *state(op).segments;
   SegmentSlot* slot = s.tracker.next_slot();
   if (slot == nullptr) return;
   s.starts[slot->index] = s.redoing ? s.redo[s.redo_count - 1] : s.cursor;
@@ -169,7 +169,7 @@ void Segmenter::posted(Operation& op, std::uint32_t generation) noexcept {
 }
 
 bool Segmenter::hand_back(Operation& op, SegmentSlot& slot) noexcept {
-  SegmentedTransfer& s = *op.segments;
+  SegmentedTransfer& s = *state(op).segments;
   const SegmentCursor start = s.starts[slot.index];
   if (op.request.immediate_data) {
     SegmentPost post;
@@ -183,14 +183,14 @@ bool Segmenter::hand_back(Operation& op, SegmentSlot& slot) noexcept {
 }
 
 Outcome Segmenter::outcome(const Operation& op) {
-  const SegmentedTransfer& s = *op.segments;
+  const SegmentedTransfer& s = *state(op).segments;
   std::optional<std::uint32_t> crc;
   if (!s.tracker.failed() && op.request.want_checksum) crc = checksum(s.local);
   return s.tracker.outcome(crc);
 }
 
 void Segmenter::release(Operation& op) noexcept {
-  SegmentedTransfer* s = std::exchange(op.segments, nullptr);
+  SegmentedTransfer* s = std::exchange(state(op).segments, nullptr);
   if (s == nullptr) return;
   s->leases.clear();
   s->plan = {};

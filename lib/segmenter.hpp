@@ -11,11 +11,11 @@
 // Everything here runs on the engine's strand.
 #pragma once
 
+#include "operation_state.hpp"
 #include "poster.hpp"
 #include "segment_plan.hpp"
 #include "segment_tracker.hpp"
 
-#include <dma/detail/operation.hpp>
 #include <dma/transfer.hpp>
 
 #include <rdma/fi_rma.h>
@@ -87,7 +87,7 @@ class Segmenter {
   /// not: the transfer failed already, or the post carries immediate data (it may have notified).
   bool hand_back(Operation& op, SegmentSlot& slot) noexcept;
   /// Every byte of op is in a post the provider took.
-  static bool all_posted(const Operation& op) noexcept { return op.segments->tracker.all_posted(); }
+  static bool all_posted(const Operation& op) noexcept { return state(op).segments->tracker.all_posted(); }
 
   /// The outcome of a finished segmented op: its first error, or success with the whole length
   /// (and the CRC-32C over its local buffers when it asked for one).

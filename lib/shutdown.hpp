@@ -89,11 +89,12 @@ void Shutdown<Watcher, Timer>::begin(Host& host) {
   while (Operation* op = parts_.intake.pop_joined())
     parts_.ledger.refuse(op, errc::shutdown);
   std::vector<PeerFlow*> queues;
-  for (Operation* op = parts_.ledger.oldest(); op != nullptr; op = op->newer) {
+  for (Operation* op = parts_.ledger.oldest(); op != nullptr; op = state(*op).newer) {
     // A segmented transfer stays queued until its last post: its remaining posts fail here too.
-    if ((op->posted && op->segments == nullptr) || op->peer->flow.marked) continue;
-    op->peer->flow.marked = true;
-    queues.push_back(&op->peer->flow);
+    const OperationState& s = state(*op);
+    if ((s.posted && s.segments == nullptr) || s.peer->flow.marked) continue;
+    s.peer->flow.marked = true;
+    queues.push_back(&s.peer->flow);
   }
   const std::size_t queued = parts_.poster.queued();
   for (PeerFlow* flow : queues) {
@@ -122,7 +123,7 @@ void Shutdown<Watcher, Timer>::flush(Host& host) {
            " posted transfers not completed within " + duration_text(progress_deadline_) +
            "; closing the endpoint hands them back";
   });
-  for (Operation* op = parts_.ledger.oldest(); op != nullptr; op = op->newer)
+  for (Operation* op = parts_.ledger.oldest(); op != nullptr; op = state(*op).newer)
     parts_.reclaimer.doom(*op, Doom::shutdown);
   parts_.reclaimer.close_all();
   parts_.endpoint.close_endpoint();
@@ -144,15 +145,15 @@ void Shutdown<Watcher, Timer>::close(Host& host) {
   if (parts_.ledger.oldest() != nullptr) {
     parts_.log(LogLevel::warning, [&] {
       std::size_t n = 0;
-      for (const Operation* op = parts_.ledger.oldest(); op != nullptr; op = op->newer)
+      for (const Operation* op = parts_.ledger.oldest(); op != nullptr; op = state(*op).newer)
         ++n;
       return "transfers never returned: " + std::to_string(n) +
              " the provider did not hand back after its endpoint closed; they fail now";
     });
   }
   while (Operation* op = parts_.ledger.oldest()) {
-    if (op->posted) host.abandoned(op);
-    parts_.ledger.finish(op, doom_error(op->doom == Doom::none ? Doom::shutdown : op->doom), 0,
+    if (state(*op).posted) host.abandoned(op);
+    parts_.ledger.finish(op, doom_error(state(*op).doom == Doom::none ? Doom::shutdown : state(*op).doom), 0,
                          "the provider never returned it");
   }
   close_everything();
@@ -165,9 +166,9 @@ void Shutdown<Watcher, Timer>::abandon() noexcept {
   if (parts_.endpoint.cq() == nullptr) return;
   OperationQueue batch = parts_.intake.take_waiting();
   while (Operation* op = batch.pop_front())
-    op->functions->destroy(op);
+    destroy(op);
   while (Operation* op = parts_.intake.pop_joined())
-    op->functions->destroy(op);
+    destroy(op);
   parts_.reclaimer.close_all();
   parts_.endpoint.close_endpoint();
   parts_.ledger.destroy_all();  // the endpoints are closed: the provider holds none of these any more

@@ -4,6 +4,8 @@
 /// against the endpoint's format before anything reaches fi_av_insert.
 #pragma once
 
+#include <dma/export.hpp>
+
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -21,7 +23,7 @@ inline constexpr std::size_t max_advertisement_length = 512;
 /// What a peer sends the server over the application's own channel so that the server can reach
 /// one registered buffer: the peer's fabric address, the rkey and the remote address. The text
 /// form is the Rust crate's, so peers written for it interoperate.
-struct Advertisement {
+struct DMA_EXPORT Advertisement {
   std::vector<std::uint8_t> address;  ///< the peer's raw fabric address (fi_getname bytes)
   std::uint64_t remote_key = 0;       ///< the rkey of the peer's registration
   std::uint64_t remote_address = 0;   ///< VA on FI_MR_VIRT_ADDR providers, offset (usually 0) on tcp
@@ -50,13 +52,13 @@ struct Advertisement {
 };
 
 /// Lowercase hex, two characters per byte, high nibble first.
-std::string encode_hex(std::span<const std::uint8_t> bytes);
+DMA_EXPORT std::string encode_hex(std::span<const std::uint8_t> bytes);
 /// Accepts either case; odd length or a non-hex character is errc::advertisement_hex.
-std::vector<std::uint8_t> decode_hex(std::string_view text, std::error_code& ec);
+DMA_EXPORT std::vector<std::uint8_t> decode_hex(std::string_view text, std::error_code& ec);
 /// As decode_hex(text, ec); throws std::system_error instead.
-std::vector<std::uint8_t> decode_hex(std::string_view text);
+DMA_EXPORT std::vector<std::uint8_t> decode_hex(std::string_view text);
 /// A decimal u64 with the Rust crate's rules: optional leading '+', no sign '-', no whitespace.
-std::optional<std::uint64_t> parse_u64(std::string_view text) noexcept;
+DMA_EXPORT std::optional<std::uint64_t> parse_u64(std::string_view text) noexcept;
 
 /// The length of an FI_ADDR_EFA address: efa's struct efa_ep_addr (GID, QPN, QKEY, pointer) in
 /// libfabric 1.17 through 2.x. fi_av_insert reads exactly this many bytes, whatever it is given.
@@ -67,6 +69,6 @@ inline constexpr std::size_t efa_address_length = 32;
 /// addresses must be efa_address_length bytes. FI_ADDR_STR addresses (shm's names) must be "<scheme>://<name>"
 /// with its terminating NUL, at most 128 bytes, printable, with no '/' in the name (address_length
 /// or address_family). Returns the first problem found, or an empty error_code.
-std::error_code validate_address(std::span<const std::uint8_t> address, std::uint32_t addr_format) noexcept;
+DMA_EXPORT std::error_code validate_address(std::span<const std::uint8_t> address, std::uint32_t addr_format) noexcept;
 
 }  // namespace dma

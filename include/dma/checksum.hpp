@@ -2,6 +2,8 @@
 /// CRC-32C, the checksum of `want_checksum` transfers, hardware-accelerated through ISA-L.
 #pragma once
 
+#include <dma/export.hpp>
+
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -10,6 +12,6 @@ namespace dma {
 
 /// CRC-32C (Castagnoli, reflected; iSCSI) of `bytes`, the value TransferDone::checksum carries:
 /// "" → 0x00000000, "123456789" → 0xE3069283. Any thread; runs at memory speed (ISA-L).
-std::uint32_t checksum(std::span<const std::byte> bytes) noexcept;
+DMA_EXPORT std::uint32_t checksum(std::span<const std::byte> bytes) noexcept;
 
 }  // namespace dma

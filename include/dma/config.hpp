@@ -2,6 +2,11 @@
 /// Version guards and toolchain adaptations live here and nowhere else.
 #pragma once
 
+// A standard header before any of Asio's: Asio's configuration reads the standard library's
+// (_GLIBCXX_HAVE_ALIGNED_ALLOC), and a unit where Asio came first would allocate its handlers
+// with operator new where the others use aligned_alloc, from the same recycled blocks.
+#include <version>
+
 // clang 14 with libstdc++: Asio 1.22 only looks for <experimental/coroutine> under clang, so
 // awaitables vanish unless we tell it that standard coroutines are there.
 #if defined(__clang__) && !defined(ASIO_HAS_CO_AWAIT) && __has_include(<coroutine>)

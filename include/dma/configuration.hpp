@@ -3,6 +3,7 @@
 /// how to load it from the `[dma-libfabric]` section of a TOML file.
 #pragma once
 
+#include <dma/export.hpp>
 #include <dma/log.hpp>
 
 #include <chrono>
@@ -45,12 +46,12 @@ enum class WaitMode {
 };
 
 /// The tcp protocol's name in configuration files: "auto", "native" or "rxm".
-std::string_view to_string(TcpProtocol protocol) noexcept;
+DMA_EXPORT std::string_view to_string(TcpProtocol protocol) noexcept;
 /// The provider's name in configuration files and on command lines: "tcp", "efa-direct" or "shm".
-std::string_view to_string(Provider provider) noexcept;
+DMA_EXPORT std::string_view to_string(Provider provider) noexcept;
 /// The wait mode's name in configuration files and on command lines: "fd", "adaptive" or
 /// "busy-poll".
-std::string_view to_string(WaitMode mode) noexcept;
+DMA_EXPORT std::string_view to_string(WaitMode mode) noexcept;
 
 /// A deadline that never fires: Configuration::transfer_deadline or TransferRequest::deadline set
 /// to it means the transfer waits for the provider as long as the provider takes.
@@ -62,24 +63,24 @@ template <typename Enum>
 std::optional<Enum> from_string(std::string_view text) noexcept = delete;
 /// "tcp", "efa-direct" or "shm".
 template <>
-std::optional<Provider> from_string<Provider>(std::string_view text) noexcept;
+DMA_EXPORT std::optional<Provider> from_string<Provider>(std::string_view text) noexcept;
 /// "fd", "adaptive" or "busy-poll".
 template <>
-std::optional<WaitMode> from_string<WaitMode>(std::string_view text) noexcept;
+DMA_EXPORT std::optional<WaitMode> from_string<WaitMode>(std::string_view text) noexcept;
 /// "auto", "native" or "rxm".
 template <>
-std::optional<TcpProtocol> from_string<TcpProtocol>(std::string_view text) noexcept;
+DMA_EXPORT std::optional<TcpProtocol> from_string<TcpProtocol>(std::string_view text) noexcept;
 
 /// The value for fi_fabric_attr::prov_name: "tcp", "efa" or "shm".
-std::string_view provider_name(Provider provider) noexcept;
+DMA_EXPORT std::string_view provider_name(Provider provider) noexcept;
 /// The value for fi_fabric_attr::name: "efa-direct" for efa_direct, none otherwise.
-std::optional<std::string_view> fabric_name(Provider provider) noexcept;
+DMA_EXPORT std::optional<std::string_view> fabric_name(Provider provider) noexcept;
 
 /// Everything a FabricService or Target needs to open its endpoint and drive progress. A plain
 /// aggregate: set fields in code, or load them from TOML with from_toml(). The defaults are the
 /// Rust crate's where it has the field; docs/configuration.md lists every field with its key,
 /// type, default and allowed range.
-struct Configuration {
+struct DMA_EXPORT Configuration {
   /// The TOML table from_toml() reads when no section is given.
   static constexpr std::string_view default_section = "dma-libfabric";
 
@@ -222,7 +223,7 @@ struct Configuration {
 /// e.g. `tcp.toml:4:17: dma-libfabric.max_in_flight: expected an integer from 1 to 1048576, got 0`;
 /// the parts are available on their own. code() is std::errc::invalid_argument, or the error
 /// that kept the file from being read.
-class ConfigurationError : public std::system_error {
+class DMA_EXPORT ConfigurationError : public std::system_error {
  public:
   /// An error at `line`:`column` (1-based; 0 when there is no position) of `origin`, about `key`
   /// (empty when the problem is not one key's, e.g. a TOML syntax error).
@@ -271,11 +272,11 @@ struct ProcessSettings {
 
 /// Replaces the process settings. Returns false, and changes nothing, once the library has opened
 /// an endpoint (or listed domains): libfabric has read its environment by then.
-[[nodiscard]] bool set_process_settings(const ProcessSettings& settings) noexcept;
+[[nodiscard]] DMA_EXPORT bool set_process_settings(const ProcessSettings& settings) noexcept;
 /// The settings in force, or to be applied when the first endpoint opens.
-ProcessSettings process_settings() noexcept;
+DMA_EXPORT ProcessSettings process_settings() noexcept;
 
 /// The in-flight cap the seed computes: max(1, max_in_flight or 64), clamped to a non-zero tx size.
-std::size_t requested_in_flight(const Configuration& configuration, std::size_t provider_tx_size) noexcept;
+DMA_EXPORT std::size_t requested_in_flight(const Configuration& configuration, std::size_t provider_tx_size) noexcept;
 
 }  // namespace dma

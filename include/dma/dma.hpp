@@ -19,6 +19,7 @@
 #include <dma/pool.hpp>
 #include <dma/target.hpp>
 #include <dma/transfer.hpp>
+#include <dma/version.hpp>
 
 /// @namespace dma
 /// dma-libfabric: server-initiated one-sided RMA (fi_writemsg / fi_read) over libfabric, with an

@@ -5,11 +5,8 @@
 
 #include <dma/configuration.hpp>
 #include <dma/detail/fid.hpp>
+#include <dma/export.hpp>
 #include <dma/log.hpp>
-
-#include <rdma/fabric.h>
-#include <rdma/fi_domain.h>
-#include <rdma/fi_endpoint.h>
 
 #include <cstdint>
 #include <memory>
@@ -22,7 +19,7 @@
 namespace dma {
 
 /// What an endpoint ended up with; lines() is the `DMA.INFO`-style diagnostic of the Rust crate.
-struct EndpointInfo {
+struct DMA_EXPORT EndpointInfo {
   std::string provider;                  ///< fabric_attr->prov_name, e.g. "tcp;ofi_rxm"
   std::string fabric;                    ///< fabric_attr->name
   std::string domain;                    ///< domain_attr->name
@@ -62,12 +59,12 @@ struct EndpointInfo {
 /// Each domain name the configured provider offers, once, in libfabric's order: the values
 /// Configuration::interfaces takes. Start one service per domain to serve every device. Calls
 /// fi_getinfo; throws std::system_error when it fails.
-std::vector<std::string> discover_domains(const Configuration& configuration);
+DMA_EXPORT std::vector<std::string> discover_domains(const Configuration& configuration);
 /// As discover_domains(configuration), reporting a failure through `ec` with an empty result.
-std::vector<std::string> discover_domains(const Configuration& configuration, std::error_code& ec);
+DMA_EXPORT std::vector<std::string> discover_domains(const Configuration& configuration, std::error_code& ec);
 
 /// libfabric's runtime version as "major.minor".
-std::string fabric_version();
+DMA_EXPORT std::string fabric_version();
 
 /// One RDM endpoint with its fabric, domain, address vector and completion queue, each closed
 /// exactly once. The services and Target own one each; use it directly only for a libfabric call
@@ -81,9 +78,9 @@ class Endpoint {
   };
 
   /// A closed endpoint; open() opens it.
-  Endpoint() noexcept;
+  DMA_EXPORT Endpoint() noexcept;
   /// close().
-  ~Endpoint();
+  DMA_EXPORT ~Endpoint();
   Endpoint(const Endpoint&) = delete;
   Endpoint& operator=(const Endpoint&) = delete;
 
@@ -93,13 +90,13 @@ class Endpoint {
   /// Throws std::system_error naming the provider, bind address and step, e.g. "opening the tcp
   /// endpoint bound to 10.9.9.9: fi_endpoint: Cannot assign requested address".
   /// The CQ holds entries of `format`.
-  void open(const Configuration& configuration, CqFormat format = CqFormat::context);
+  DMA_EXPORT void open(const Configuration& configuration, CqFormat format = CqFormat::context);
   /// As open(configuration, format), reporting a failure through `ec`; failed_step() names the step.
-  void open(const Configuration& configuration, std::error_code& ec, CqFormat format = CqFormat::context);
+  DMA_EXPORT void open(const Configuration& configuration, std::error_code& ec, CqFormat format = CqFormat::context);
   /// After a failed open: the step that failed, e.g. "fi_av_open".
   const std::string& failed_step() const noexcept { return failed_step_; }
   /// Closes endpoint, CQ, AV, domain and fabric, in that order.
-  void close() noexcept;
+  DMA_EXPORT void close() noexcept;
   /// Closes only the endpoint: the provider then returns every posted operation to the still-open
   /// CQ (as FI_ECANCELED), which is the one way to reclaim operations a hung peer holds.
   void close_endpoint() noexcept { endpoint_.reset(); }
@@ -114,14 +111,14 @@ class Endpoint {
   /// provider return the rest to the old CQ. A CQ is never shared between endpoints, since rxm
   /// leaves a closed endpoint's descriptors in its CQ's wait set (fi_trywait then reads freed
   /// memory). local_address() and wait_fd() change with it. On failure nothing changes.
-  Retired replace_endpoint(std::error_code& ec);
+  DMA_EXPORT Retired replace_endpoint(std::error_code& ec);
   /// Whether the endpoint is open (false after close() or close_endpoint()).
   bool is_open() const noexcept { return static_cast<bool>(endpoint_); }
 
   /// The endpoint's fi_getname bytes (taken at open).
   const std::vector<std::uint8_t>& local_address() const noexcept { return local_address_; }
   /// What the endpoint ended up with (a copy; after close(), the last open's values).
-  EndpointInfo describe() const;
+  DMA_EXPORT EndpointInfo describe() const;
   /// EndpointInfo::addr_format: the format validate_address() checks peer addresses against.
   std::uint32_t addr_format() const noexcept { return info_.addr_format; }
   /// EndpointInfo::requires_local_mr.
@@ -142,16 +139,17 @@ class Endpoint {
   /// The CQ's wait descriptor (owned by libfabric: never close it), or -1 without one.
   int wait_fd() const noexcept { return wait_fd_; }
 
-  /// fi_av_insert of one address.
-  fi_addr_t insert_address(std::span<const std::uint8_t> address, std::error_code& ec) noexcept;
+  /// fi_av_insert of one address; the handle is libfabric's fi_addr_t.
+  DMA_EXPORT std::uint64_t insert_address(std::span<const std::uint8_t> address, std::error_code& ec) noexcept;
   /// fi_av_remove of one handle; returns libfabric's code, and logs a failure (warning).
-  int remove_address(fi_addr_t handle) noexcept;
+  DMA_EXPORT int remove_address(std::uint64_t handle) noexcept;
   /// fi_mr_reg over [base, base + length) with the given access bits and requested key.
-  detail::Fid<fid_mr> register_memory(const void* base, std::size_t length, std::uint64_t access,
-                                      std::uint64_t requested_key, std::error_code& ec) noexcept;
+  DMA_EXPORT detail::Fid<fid_mr> register_memory(const void* base, std::size_t length, std::uint64_t access,
+                                                 std::uint64_t requested_key, std::error_code& ec) noexcept;
 
-  /// Native handles for the engine and for callers who need a libfabric call the library lacks.
-  /// Never close them: the Endpoint owns them. Null when closed.
+  /// Native handles for the engine and for callers who need a libfabric call the library lacks
+  /// (include libfabric's headers for that: the library's leave them out). Never close them: the
+  /// Endpoint owns them. Null when closed.
   fid_fabric* fabric() const noexcept { return fabric_.get(); }
   /// The domain (owned by the Endpoint; null when closed).
   fid_domain* domain() const noexcept { return domain_.get(); }
@@ -183,9 +181,9 @@ class Endpoint {
   std::vector<std::uint8_t> local_address_;
   int wait_fd_ = -1;
   CqFormat cq_format_ = CqFormat::context;
-  std::uint64_t transmit_complete_flag_ = FI_INJECT_COMPLETE;
+  std::uint64_t transmit_complete_flag_;  ///< FI_INJECT_COMPLETE until open() reads the provider's answer
   std::optional<std::size_t> rnr_retry_;  ///< set on every endpoint this opens, before fi_enable
-  fi_cq_attr cq_attr_{};
+  int cq_wait_object_ = 0;                ///< the CQ's fi_wait_obj, for the CQ a replaced endpoint gets
   std::string failed_step_;
   LogHandler log_handler_;  ///< the configuration's, for the opens and replacements it logs
 };

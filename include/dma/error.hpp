@@ -7,6 +7,8 @@
 /// `if (outcome.error() == dma::condition::peer_unreachable)`, `if (ec == std::errc::timed_out)`.
 #pragma once
 
+#include <dma/export.hpp>
+
 #include <string>
 #include <system_error>
 
@@ -100,27 +102,27 @@ enum class condition {
 
 /// The category of the library's own codes (errc), named "dma". errc::timed_out compares equal
 /// to std::errc::timed_out; the others to their condition, where they have one.
-const std::error_category& category() noexcept;
+DMA_EXPORT const std::error_category& category() noexcept;
 /// The category of libfabric's codes, named "libfabric", with fi_strerror() as the message. A code
 /// below FI_ERRNO_OFFSET is an errno value and compares equal to the matching std::errc too (FI_EIO
 /// and std::errc::io_error); connection, reachability and access codes compare equal to their
 /// condition.
-const std::error_category& fabric_category() noexcept;
+DMA_EXPORT const std::error_category& fabric_category() noexcept;
 /// The category of the conditions (condition), named "dma.condition".
-const std::error_category& condition_category() noexcept;
+DMA_EXPORT const std::error_category& condition_category() noexcept;
 
 /// The code for `e` in category(); what lets an errc convert to std::error_code.
-std::error_code make_error_code(errc e) noexcept;
+DMA_EXPORT std::error_code make_error_code(errc e) noexcept;
 /// The condition `c` in condition_category(); what lets a condition convert to
 /// std::error_condition.
-std::error_condition make_error_condition(condition c) noexcept;
+DMA_EXPORT std::error_condition make_error_condition(condition c) noexcept;
 
 /// A libfabric return code as a std::error_code in fabric_category(): negative as libfabric's
 /// functions return it (-FI_EAGAIN), or positive as completion-queue error entries carry it.
-std::error_code fabric_error(long long code) noexcept;
+DMA_EXPORT std::error_code fabric_error(long long code) noexcept;
 
 /// Throws std::system_error(ec, what) when ec is set; does nothing otherwise.
-void throw_if(const std::error_code& ec, const std::string& what);
+DMA_EXPORT void throw_if(const std::error_code& ec, const std::string& what);
 
 }  // namespace dma
 

@@ -4,6 +4,8 @@
 /// or for the whole process. Without one the library is silent.
 #pragma once
 
+#include <dma/export.hpp>
+
 #include <concepts>
 #include <cstdint>
 #include <functional>
@@ -24,7 +26,7 @@ enum class LogLevel : std::uint8_t {
 };
 
 /// The level's name: "debug", "info", "warning" or "error".
-std::string_view to_string(LogLevel level) noexcept;
+DMA_EXPORT std::string_view to_string(LogLevel level) noexcept;
 
 /// A function that receives the library's messages, and the least level it wants. Empty (the
 /// default) means silent. Copies share one function object, and compare equal; handlers built
@@ -34,7 +36,7 @@ std::string_view to_string(LogLevel level) noexcept;
 /// `peer unreachable: ...`. It must not block for long (it runs on a library thread, between
 /// completions), and an exception it throws is dropped. Which threads call it, and when, depends
 /// on where it is installed: see Configuration::log_handler and set_log_handler().
-class LogHandler {
+class DMA_EXPORT LogHandler {
  public:
   /// What the handler calls.
   using Function = std::function<void(LogLevel level, std::string_view message)>;
@@ -72,7 +74,7 @@ class LogHandler {
 
 /// A handler that writes `dma-libfabric <level>: <message>` and a newline to stderr, one write
 /// per message, for messages at or above `threshold`.
-LogHandler log_to_stderr(LogLevel threshold = LogLevel::info);
+DMA_EXPORT LogHandler log_to_stderr(LogLevel threshold = LogLevel::info);
 
 /// Installs the process-wide handler, which receives the messages of every service and target
 /// whose Configuration::log_handler is empty, and returns the handler it replaces. An empty
@@ -85,6 +87,6 @@ LogHandler log_to_stderr(LogLevel threshold = LogLevel::info);
 /// it replaced, and none will enter one; the replaced handler can then be destroyed along with
 /// what it refers to. Called from inside a handler, it returns at once instead (the calling
 /// handler's own call is still running; other threads may be finishing theirs).
-LogHandler set_log_handler(LogHandler handler);
+DMA_EXPORT LogHandler set_log_handler(LogHandler handler);
 
 }  // namespace dma

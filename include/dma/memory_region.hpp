@@ -3,6 +3,8 @@
 /// registration; and invalidate(), the promise behind Operands::cacheable_span().
 #pragma once
 
+#include <dma/export.hpp>
+
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -16,7 +18,7 @@ namespace dma {
 /// operand binds to them. Each MR is closed when the last in-flight transfer using it completes.
 /// Call it before unmapping, freeing to the OS, or madvise-discarding memory you promised through
 /// Operands::cacheable_span(). Any thread; harmless over ranges that were never registered.
-void invalidate(std::uintptr_t start, std::uintptr_t end) noexcept;
+DMA_EXPORT void invalidate(std::uintptr_t start, std::uintptr_t end) noexcept;
 
 /// Storage registered by FabricService::register_region. Copies share the region. When the last
 /// copy goes, the registration is retired at once (invalidate over its range) and closed when the

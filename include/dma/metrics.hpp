@@ -3,6 +3,8 @@
 /// latency of its transfers as a histogram; and the Prometheus text form of all of it.
 #pragma once
 
+#include <dma/export.hpp>
+
 #include <array>
 #include <bit>
 #include <chrono>
@@ -25,7 +27,7 @@ namespace dma {
 ///
 /// Not thread-safe: one thread records, or the caller serialises. A service keeps its own,
 /// thread-safe, copy and hands out snapshots in Metrics::latency.
-class LatencyHistogram {
+class DMA_EXPORT LatencyHistogram {
  public:
   /// Values up to 2^min_octave ns share the first bucket.
   static constexpr unsigned min_octave = 10;
@@ -170,7 +172,7 @@ struct Metrics {
 
 /// Adds other's counters, gauges and latency histogram to m: the metrics of several services (or
 /// endpoints) as one.
-Metrics& operator+=(Metrics& m, const Metrics& other) noexcept;
+DMA_EXPORT Metrics& operator+=(Metrics& m, const Metrics& other) noexcept;
 
 /// The metrics in Prometheus' text exposition format (version 0.0.4): each counter as
 /// `<prefix><field>_total` (e.g. `dma_posted_total`), the two cache gauges as
@@ -180,6 +182,6 @@ Metrics& operator+=(Metrics& m, const Metrics& other) noexcept;
 /// `text/plain; version=0.0.4`. For several services on one page, give each its own prefix.
 /// Throws std::invalid_argument when `prefix` is not a valid start of a metric name
 /// (`[a-zA-Z_:][a-zA-Z0-9_:]*`; empty is allowed).
-std::string to_prometheus(const Metrics& metrics, std::string_view prefix = "dma_");
+DMA_EXPORT std::string to_prometheus(const Metrics& metrics, std::string_view prefix = "dma_");
 
 }  // namespace dma

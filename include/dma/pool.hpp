@@ -4,6 +4,7 @@
 #pragma once
 
 #include <dma/config.hpp>
+#include <dma/export.hpp>
 
 #include <asio/post.hpp>
 #include <asio/thread_pool.hpp>
@@ -30,10 +31,10 @@ class Pool {
 
   /// Starts `max(threads, 1)` workers. If a thread cannot be started, the workers already running
   /// are joined and the `std::system_error` from `std::thread` propagates.
-  explicit Pool(std::size_t threads);
+  DMA_EXPORT explicit Pool(std::size_t threads);
 
   /// Runs every job already submitted, then joins the workers (see join()).
-  ~Pool();
+  DMA_EXPORT ~Pool();
 
   Pool(const Pool&) = delete;
   Pool& operator=(const Pool&) = delete;
@@ -77,7 +78,7 @@ class Pool {
 
   /// Closes the pool to new jobs, waits until every job already submitted has run, then joins the
   /// workers. Idempotent; a second caller waits for the first to finish. The destructor calls it.
-  void join();
+  DMA_EXPORT void join();
 
  private:
   void work(std::size_t index);

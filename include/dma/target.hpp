@@ -11,6 +11,7 @@
 #include <dma/detail/block_pool.hpp>
 #include <dma/detail/handler.hpp>
 #include <dma/endpoint.hpp>
+#include <dma/export.hpp>
 #include <dma/notification.hpp>
 
 #include <asio/any_io_executor.hpp>
@@ -108,7 +109,7 @@ struct NotificationWaiterFor final : NotificationWaiter {
 
 /// The passive peer: exposes buffers for the server to write into or read from, and drives the
 /// progress that tcp needs on the target side. Every member may be called from any thread.
-class Target {
+class DMA_EXPORT Target {
   struct State;
 
  public:

@@ -2,7 +2,9 @@
 #include "fixture.hpp"
 
 #include <netinet/in.h>
+#include <rdma/fabric.h>
 #include <sys/socket.h>
+
 #include <set>
 
 TEST_CASE("a tcp endpoint bound to 127.0.0.1 has a 16-byte AF_INET address with a port", "[loopback][endpoint]") {

@@ -14,6 +14,7 @@
 using dma::detail::Doom;
 using dma::detail::ErrorSort;
 using dma::detail::sort_error;
+using dma::detail::state;
 using Fate = ErrorSort::PeerFate;
 
 TEST_CASE("a doomed transfer reports its doom whatever the provider says") {
@@ -62,26 +63,29 @@ TEST_CASE("an unreachable error fails the peer's queued transfers and backs it o
 TEST_CASE("a connection error makes the peer's next post reconnect") {
   test::LedgerRig rig;
   auto* posted = rig.posted();
+  const dma::detail::PeerFlow& flow = state(*posted).peer->flow;
   rig.host->returned(posted);
   fi_cq_err_entry entry{};
   entry.err = FI_ECONNRESET;
   dma::detail::finish_failed(posted, entry, {}, rig.ledger, rig.poster, dma::detail::Log{}, *rig.host);
   REQUIRE(test::Record::get().finished.size() == 1);
   CHECK(test::Record::get().finished[0].ec == dma::errc::connection_lost);
-  CHECK(posted->peer->flow.refresh);
-  CHECK(!posted->peer->flow.connected);
+  CHECK(flow.refresh);
+  CHECK(!flow.connected);
   CHECK(rig.poster.marked_unreachable() == 0);
 }
 
 TEST_CASE("a doomed transfer's detail names its deadline or its cancellation, not the endpoint's close") {
   dma::detail::Operation op;
-  op.accepted = std::chrono::steady_clock::time_point{} + std::chrono::seconds(5);
-  op.deadline = op.accepted + std::chrono::milliseconds(1500);
-  op.doom = Doom::deadline;
+  dma::detail::OperationState& s = dma::detail::begin_state(op);
+  s.accepted = std::chrono::steady_clock::time_point{} + std::chrono::seconds(5);
+  s.deadline = s.accepted + std::chrono::milliseconds(1500);
+  s.doom = Doom::deadline;
   CHECK(dma::detail::doom_detail(op) ==
         "posted, and not completed within its deadline of 1500ms; closing its endpoint handed it back");
-  op.doom = Doom::cancelled;
+  s.doom = Doom::cancelled;
   CHECK(dma::detail::doom_detail(op) == "cancelled while posted; closing its endpoint handed it back");
-  op.doom = Doom::shutdown;
+  s.doom = Doom::shutdown;
   CHECK(dma::detail::doom_detail(op).find("service closed") != std::string::npos);
+  dma::detail::end_state(op);
 }

@@ -4,11 +4,11 @@
 #pragma once
 
 #include "ledger.hpp"
+#include "operation_state.hpp"
 #include "peer_table.hpp"
 #include "poster.hpp"
 #include "reclaimer.hpp"
 
-#include <dma/detail/operation.hpp>
 #include <dma/transfer.hpp>
 
 #include <array>
@@ -76,7 +76,7 @@ struct LedgerRig {
     void returned(Operation* op) noexcept {
       ++returns;
       (void)rig.reclaimer.returned(*op);
-      rig.poster.returned(op->peer->flow);
+      rig.poster.returned(dma::detail::state(*op).peer->flow);
     }
     void schedule_progress() { ++progress; }
 
@@ -104,9 +104,10 @@ struct LedgerRig {
     Record::get() = {};
   }
 
-  /// A submitted operation, not yet accepted.
+  /// A submitted operation, not yet accepted: the engine took it, and its state began.
   Operation* submitted() {
     Operation& op = ops.emplace_back();
+    dma::detail::begin_state(op);
     op.functions = &recording_functions;
     op.sequence = ledger.next_sequence();
     ledger.submitted();
@@ -116,9 +117,10 @@ struct LedgerRig {
   Operation* queued() {
     Operation* op = submitted();
     std::error_code ec;
-    op->peer = peers.acquire(1, address, ec);
+    dma::detail::Peer* peer = peers.acquire(1, address, ec);
+    dma::detail::state(*op).peer = peer;
     ledger.accept(op, dma::detail::Clock::now());
-    poster.enqueue(op->peer->flow, op);
+    poster.enqueue(peer->flow, op);
     return op;
   }
   /// An accepted operation, posted (the queue is empty before).

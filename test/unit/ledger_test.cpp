@@ -25,7 +25,7 @@ TEST_CASE("cancelling a posted transfer dooms it and completes nothing yet") {
   auto* op = rig.posted();
   CHECK(rig.ledger.cancel(op, op->sequence, dma::detail::CancelScope::queued_or_posted, rig.poster, rig.reclaimer) ==
         Cancelled::doomed);
-  CHECK(op->doom == Doom::cancelled);
+  CHECK(dma::detail::state(*op).doom == Doom::cancelled);
   CHECK(rig.reclaimer.current_doomed() == 1);
   CHECK(test::Record::get().finished.empty());
   CHECK(rig.ledger.cancel(op, op->sequence, dma::detail::CancelScope::queued_or_posted, rig.poster, rig.reclaimer) ==

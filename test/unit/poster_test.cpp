@@ -14,6 +14,7 @@
 using dma::detail::Operation;
 using dma::detail::Peer;
 using dma::detail::Poster;
+using dma::detail::state;
 using namespace std::chrono_literals;
 
 namespace {
@@ -58,9 +59,14 @@ struct Rig {
     for (std::size_t i = 0; i < peers.size(); ++i)
       peers[i].handle = 10 + i;
   }
-  Operation* queue(std::size_t peer) {
+  // An operation the engine took, for peer (its state is trivial to leave: no lease).
+  Operation& take(std::size_t peer) {
     Operation& op = ops.emplace_back();
-    op.peer = &peers[peer];
+    dma::detail::begin_state(op).peer = &peers[peer];
+    return op;
+  }
+  Operation* queue(std::size_t peer) {
+    Operation& op = take(peer);
     poster.enqueue(peers[peer].flow, &op);
     return &op;
   }
@@ -90,7 +96,7 @@ TEST_CASE("a peer posts up to its credits, with FI_MORE on all but the burst's l
   rig.poster.post_pending(rig.host);
   REQUIRE(rig.host.posts.size() == 3);
   CHECK(rig.host.posts[2].op == c);
-  CHECK(c->posted);
+  CHECK(state(*c).posted);
 }
 
 TEST_CASE("ready peers take turns, one transfer each", "[unit][poster]") {
@@ -129,7 +135,7 @@ TEST_CASE("a refused post parks its peer while the others go on", "[unit][poster
   REQUIRE(rig.host.posts.size() == 1);
   CHECK(rig.host.posts[0].peer == 11);
   CHECK(rig.poster.eagain() == 1);
-  CHECK_FALSE(refused->posted);
+  CHECK_FALSE(state(*refused).posted);
 
   rig.poster.post_pending(rig.host);  // the next pass tries the parked peer again
   REQUIRE(rig.host.posts.size() == 2);
@@ -235,14 +241,13 @@ TEST_CASE("a suspect goes alone: after the peer's other posts return, and nothin
   REQUIRE(rig.host.posts.size() == 1);
 
   Operation* b = rig.queue(0);
-  Operation& suspect = rig.ops.emplace_back();
-  suspect.peer = &rig.peers[0];
-  suspect.suspect = true;
+  Operation& suspect = rig.take(0);
+  state(suspect).suspect = true;
   rig.poster.requeue(rig.peers[0].flow, &suspect);  // ahead of b
   rig.poster.post_pending(rig.host);
   CHECK(rig.host.posts.size() == 1);  // a is still out: the suspect waits
 
-  a->posted = false;
+  state(*a).posted = false;
   rig.poster.returned(rig.peers[0].flow);
   rig.poster.post_pending(rig.host);
   REQUIRE(rig.host.posts.size() == 2);
@@ -263,9 +268,8 @@ TEST_CASE("a transfer posted again that meets a refused connection marks its pee
   Rig rig(4, 100, 1h);
   test::LocalSocket closed(false);  // bound, not listening: a connection is refused
   rig.peers[0].address = closed.bytes;
-  Operation& again = rig.ops.emplace_back();
-  again.peer = &rig.peers[0];
-  again.reposted = true;
+  Operation& again = rig.take(0);
+  state(again).reposted = true;
   rig.poster.requeue(rig.peers[0].flow, &again);
   // The probe's refusal may take a moment on a loaded machine: retry, bounded.
   for (int round = 0; round < 200 && rig.host.failures.empty(); ++round) {
@@ -283,9 +287,8 @@ TEST_CASE("a transfer posted again to a peer that accepts but does not answer wa
   Rig rig(4, 100, 1ms);
   test::LocalSocket listener(true);  // the kernel accepts for it; nobody answers
   rig.peers[0].address = listener.bytes;
-  Operation& again = rig.ops.emplace_back();
-  again.peer = &rig.peers[0];
-  again.reposted = true;
+  Operation& again = rig.take(0);
+  state(again).reposted = true;
   rig.poster.requeue(rig.peers[0].flow, &again);
   for (int round = 0; round < 20; ++round) {
     rig.host.answers.push_back(-FI_EAGAIN);

@@ -17,6 +17,7 @@ using dma::detail::Fid;
 using dma::detail::Operation;
 using dma::detail::OperationFunctions;
 using dma::detail::Registrar;
+using dma::detail::state;
 
 namespace {
 
@@ -47,6 +48,18 @@ std::optional<CacheableSpan> span_of_test;
 std::optional<CacheableSpan> cacheable_span(const Operation&) { return span_of_test; }
 constexpr OperationFunctions functions{nullptr, nullptr, nullptr, &cacheable_span, nullptr, nullptr};
 
+// An operation the engine holds for its whole life, over [base, base + size): its state, with the
+// lease the registrar gives it, ends with it.
+struct Operand : Operation {
+  Operand(std::byte* base, std::size_t size) noexcept {
+    functions = &::functions;
+    buffer = base;
+    length = size;
+    dma::detail::begin_state(*this);
+  }
+  ~Operand() { dma::detail::end_state(*this); }
+};
+
 struct RegistrarRig {
   RegistrarRig() {
     registrar.open({&domain_key,
@@ -71,13 +84,6 @@ struct RegistrarRig {
     registrar.release();
     span_of_test.reset();
   }
-  Operation operand(std::size_t offset, std::size_t length) {
-    Operation op;
-    op.functions = &functions;
-    op.buffer = memory.data() + offset;
-    op.length = length;
-    return op;
-  }
   asio::io_context io;
   using Strand = asio::strand<asio::io_context::executor_type>;
   int domain_key = 0;
@@ -93,8 +99,8 @@ TEST_CASE("operands inside a cacheable span share one registration of the span",
   RegistrarRig rig;
   const auto base = reinterpret_cast<std::uintptr_t>(rig.memory.data());
   span_of_test = CacheableSpan{base, base + rig.memory.size()};
-  Operation first = rig.operand(0, 64);
-  Operation second = rig.operand(1024, 64);
+  Operand first(rig.memory.data(), 64);
+  Operand second(rig.memory.data() + 1024, 64);
   std::error_code ec;
   rig.registrar.prepare(first, ec);
   REQUIRE_FALSE(ec);
@@ -103,8 +109,8 @@ TEST_CASE("operands inside a cacheable span share one registration of the span",
   REQUIRE(rig.registered.size() == 1);
   CHECK(rig.registered[0].base == base);
   CHECK(rig.registered[0].length == rig.memory.size());
-  CHECK(first.descriptor != nullptr);
-  CHECK(second.descriptor == first.descriptor);
+  CHECK(state(first).descriptor != nullptr);
+  CHECK(state(second).descriptor == state(first).descriptor);
   CHECK(rig.registrar.cache_stats().hits == 1);
   CHECK(rig.registrar.registrations() == 1);
 }
@@ -113,14 +119,14 @@ TEST_CASE("without a span the operand's registration lives only as long as its l
   RegistrarRig rig;
   const int closed_before = FakeMr::closed;
   {
-    Operation op = rig.operand(128, 256);
+    Operand op(rig.memory.data() + 128, 256);
     std::error_code ec;
     rig.registrar.prepare(op, ec);
     REQUIRE_FALSE(ec);
     REQUIRE(rig.registered.size() == 1);
     CHECK(rig.registered[0].length == 256);
     // The lease drops on another thread: the close waits for the strand.
-    std::thread([lease = std::move(op.lease)]() mutable { lease.reset(); }).join();
+    std::thread([lease = std::move(state(op).lease)]() mutable { lease.reset(); }).join();
     CHECK(FakeMr::closed == closed_before);
   }
   rig.io.run();
@@ -132,7 +138,7 @@ TEST_CASE("a span that fails to register falls back to the operand alone", "[uni
   const auto base = reinterpret_cast<std::uintptr_t>(rig.memory.data());
   span_of_test = CacheableSpan{base, base + rig.memory.size()};
   rig.fail_next = true;
-  Operation op = rig.operand(512, 64);
+  Operand op(rig.memory.data() + 512, 64);
   std::error_code ec;
   rig.registrar.prepare(op, ec);
   REQUIRE_FALSE(ec);
@@ -143,8 +149,7 @@ TEST_CASE("a span that fails to register falls back to the operand alone", "[uni
 
 TEST_CASE("an operand whose range overflows is refused before any registration", "[unit][registrar]") {
   RegistrarRig rig;
-  Operation op = rig.operand(0, 64);
-  op.buffer = reinterpret_cast<std::byte*>(UINTPTR_MAX - 8);
+  Operand op(reinterpret_cast<std::byte*>(UINTPTR_MAX - 8), 64);
   std::error_code ec;
   rig.registrar.prepare(op, ec);
   CHECK(ec == dma::errc::operand_range_overflows);

@@ -4,6 +4,8 @@
 // from any other thread, so steady-state transfers allocate nothing whoever submits them.
 #pragma once
 
+#include <dma/export.hpp>
+
 #include <cstddef>
 #include <new>
 
@@ -11,8 +13,8 @@ namespace dma::detail {
 
 /// Blocks up to max_block bytes are pooled (free lists per 64-byte size class, bounded); larger ones
 /// go to operator new.
-void* pool_allocate(std::size_t bytes);
-void pool_deallocate(void* block, std::size_t bytes) noexcept;
+DMA_EXPORT void* pool_allocate(std::size_t bytes);
+DMA_EXPORT void pool_deallocate(void* block, std::size_t bytes) noexcept;
 
 template <typename T>
 struct PoolAllocator {

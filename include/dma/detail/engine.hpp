@@ -7,6 +7,7 @@
 #include <dma/detail/cancel_scope.hpp>
 #include <dma/detail/operation.hpp>
 #include <dma/endpoint.hpp>
+#include <dma/export.hpp>
 #include <dma/metrics.hpp>
 
 #include <asio/any_io_executor.hpp>
@@ -32,13 +33,14 @@ enum class DrainPosition : std::uint8_t {
 namespace detail {
 
 /// The position of the completion a drain on the calling thread is delivering (none outside one).
-DrainPosition drain_position() noexcept;
+DMA_EXPORT DrainPosition drain_position() noexcept;
 
 class Engine {
  public:
   /// Opens the endpoint; on failure returns null, sets ec and names the failing step in `what`.
-  static std::shared_ptr<Engine> create(const asio::any_io_executor& executor, const Configuration& configuration,
-                                        std::error_code& ec, std::string& what);
+  DMA_EXPORT static std::shared_ptr<Engine> create(const asio::any_io_executor& executor,
+                                                   const Configuration& configuration, std::error_code& ec,
+                                                   std::string& what);
   virtual ~Engine() = default;
 
   /// Accepts one transfer (any thread); it completes exactly once through its functions->complete.

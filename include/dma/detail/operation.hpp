@@ -3,16 +3,14 @@
 // lookup table and no virtual call stands between a CQ entry and its completion.
 #pragma once
 
-#include <dma/detail/fid.hpp>
 #include <dma/error.hpp>
 #include <dma/transfer.hpp>
-
-#include <rdma/fabric.h>
 
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <system_error>
 #include <type_traits>
@@ -21,15 +19,14 @@
 namespace dma::detail {
 
 struct Operation;
-struct Peer;               // lib/peer_table.hpp: the address entry a transfer goes to
-struct SegmentedTransfer;  // lib/segmenter.hpp: the posts of a transfer that takes several
 
 /// The head of every context the engine hands libfabric, so a CQ entry tells what it returns:
 /// an Operation posted whole, or one post (a SegmentSlot) of a segmented transfer.
 struct PostContext {
-  /// Provider scratch (FI_CONTEXT2 on efa-direct): first, so the pointer libfabric hands back in
-  /// a CQ entry is the context itself.
-  fi_context2 provider_context{};
+  /// Provider scratch (FI_CONTEXT2 on efa-direct), the size and alignment of libfabric's
+  /// fi_context2 (lib/ checks): first, so the pointer libfabric hands back in a CQ entry is the
+  /// context itself.
+  alignas(void*) std::byte provider_context[8 * sizeof(void*)]{};
   bool segment = false;  ///< a SegmentSlot (lib/segment_tracker.hpp), not an Operation
 
   static const PostContext& of(const void* context) noexcept { return *static_cast<const PostContext*>(context); }
@@ -42,9 +39,6 @@ enum OperandLists : std::uint8_t {
   local_list = 1,   ///< several local buffers: Operands::sources() or Operands::landing()
   remote_list = 2,  ///< several remote segments: Operands::remote_segments()
 };
-
-/// Why a posted operation is to be handed back before the provider returns it by itself.
-enum class Doom : std::uint8_t { none, deadline, cancelled, shutdown };
 
 struct OperationFunctions {
   /// Resolves the local operand from the caller's context (on the engine's strand); errc{} when
@@ -68,142 +62,32 @@ struct Operation {
   Operation() noexcept = default;
   Operation(const OperationFunctions* table, const TransferFields& fields) noexcept
       : functions(table), request(fields) {}
+  // engine_state may hold objects the engine constructed in place: bytes are no copy of them.
+  Operation(const Operation&) = delete;
+  Operation& operator=(const Operation&) = delete;
 
   /// Must stay the first member: the pointer libfabric hands back in a CQ entry is the
   /// operation itself.
   PostContext head;
   const OperationFunctions* functions = nullptr;
-  Operation* next = nullptr;
 
   TransferFields request;  ///< as submitted
 
-  // Filled in on the strand.
+  // Filled in on the strand, by functions->resolve.
   std::byte* buffer = nullptr;  ///< the operand; null when it is a list (OperandLists::local_list)
   std::size_t length = 0;       ///< the transfer's: a write's source size, a read's requested length
-  void* descriptor = nullptr;
-  SegmentedTransfer* segments = nullptr;  ///< its posts, when it takes several (from prepare to completion)
-  std::uint8_t lists = 0;                 ///< OperandLists bits, from resolve()
-  std::shared_ptr<void> lease;            ///< the local registration in use, when the provider needs FI_MR_LOCAL
-  std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
-  std::chrono::steady_clock::time_point accepted{};  ///< the intake reading it was accepted at
-  Peer* peer = nullptr;                              ///< its address entry, from acceptance to completion
-  Operation* older = nullptr;                        ///< the engine's list of accepted operations, in acceptance order
-  Operation* newer = nullptr;
-  std::uint32_t generation = 0;  ///< the endpoint it was posted on
-  bool posted = false;           ///< handed to the provider (otherwise queued)
-  /// Queued again after an endpoint closed under it for another transfer's sake (lib/reclaimer.hpp).
-  bool reposted = false;
-  /// Failed with a broken connection it may not have broken: posted again alone to tell (lib/poster.hpp).
-  bool suspect = false;
-  Doom doom = Doom::none;
-  std::uint64_t sequence = 0;  ///< tells a recycled address from the operation a canceller saw
+  std::uint8_t lists = 0;       ///< OperandLists bits, from resolve()
+  std::uint64_t sequence = 0;   ///< tells a recycled address from the operation a canceller saw
+
+  /// The engine's own state of the transfer (its queues, peer, deadline, registration, posts),
+  /// opaque here so that the engine can change without changing this layout: begun when the
+  /// engine takes the operation, ended before it completes or destroys it (lib/operation_state.hpp).
+  alignas(std::max_align_t) std::byte engine_state[128];
 
   static Operation* from_context(void* context) noexcept { return static_cast<Operation*>(context); }
   void* as_context() noexcept { return this; }
 };
 
 static_assert(std::is_standard_layout_v<Operation>, "PostContext must be at offset 0 of Operation");
-
-/// An intrusive FIFO of operations: no allocation to queue or dequeue.
-class OperationQueue {
- public:
-  bool empty() const noexcept { return head_ == nullptr; }
-  std::size_t size() const noexcept { return size_; }
-  Operation* front() const noexcept { return head_; }
-  void push_back(Operation* op) noexcept {
-    op->next = nullptr;
-    if (tail_ != nullptr) {
-      tail_->next = op;
-    } else {
-      head_ = op;
-    }
-    tail_ = op;
-    ++size_;
-  }
-  void push_front(Operation* op) noexcept {
-    op->next = head_;
-    head_ = op;
-    if (tail_ == nullptr) tail_ = op;
-    ++size_;
-  }
-  Operation* pop_front() noexcept {
-    Operation* op = head_;
-    if (op == nullptr) return nullptr;
-    head_ = op->next;
-    if (head_ == nullptr) tail_ = nullptr;
-    op->next = nullptr;
-    --size_;
-    return op;
-  }
-  /// Unlinks op if it is queued; O(n), only for cancellation.
-  bool remove(Operation* op) noexcept {
-    Operation* previous = nullptr;
-    for (Operation* it = head_; it != nullptr; previous = it, it = it->next) {
-      if (it != op) continue;
-      (previous != nullptr ? previous->next : head_) = it->next;
-      if (tail_ == it) tail_ = previous;
-      it->next = nullptr;
-      --size_;
-      return true;
-    }
-    return false;
-  }
-  /// Unlinks every queued operation for which pred holds and hands each to sink, in order; one pass.
-  template <typename Pred, typename Sink>
-  void remove_if(Pred pred, Sink sink) {
-    OperationQueue kept;
-    while (Operation* op = pop_front()) {
-      if (pred(*op)) {
-        sink(op);
-      } else {
-        kept.push_back(op);
-      }
-    }
-    swap(kept);
-  }
-  void swap(OperationQueue& other) noexcept {
-    std::swap(head_, other.head_);
-    std::swap(tail_, other.tail_);
-    std::swap(size_, other.size_);
-  }
-
- private:
-  Operation* head_ = nullptr;
-  Operation* tail_ = nullptr;
-  std::size_t size_ = 0;
-};
-
-/// Every accepted operation, queued or posted, oldest first: an intrusive doubly-linked list, so
-/// linking and unlinking cost a few stores and no allocation.
-class OutstandingList {
- public:
-  bool empty() const noexcept { return oldest_ == nullptr; }
-  std::size_t size() const noexcept { return size_; }
-  Operation* oldest() const noexcept { return oldest_; }
-  void push_back(Operation* op) noexcept {
-    op->older = newest_;
-    op->newer = nullptr;
-    (newest_ != nullptr ? newest_->newer : oldest_) = op;
-    newest_ = op;
-    ++size_;
-  }
-  void unlink(Operation* op) noexcept {
-    (op->older != nullptr ? op->older->newer : oldest_) = op->newer;
-    (op->newer != nullptr ? op->newer->older : newest_) = op->older;
-    op->older = op->newer = nullptr;
-    --size_;
-  }
-  /// Whether op (compared by address before anything is read through it) is in the list.
-  bool contains(const Operation* op) const noexcept {
-    for (const Operation* it = oldest_; it != nullptr; it = it->newer)
-      if (it == op) return true;
-    return false;
-  }
-
- private:
-  Operation* oldest_ = nullptr;
-  Operation* newest_ = nullptr;
-  std::size_t size_ = 0;
-};
 
 }  // namespace dma::detail

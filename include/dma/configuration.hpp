@@ -258,12 +258,12 @@ struct ProcessSettings {
   /// wire (a peer at libfabric's defaults still connects): on libfabric 1.17 rxm's bounce buffers
   /// of 1 KiB under its default eager limit (FI_OFI_RXM_BUFFER_SIZE=1024,
   /// FI_OFI_RXM_EAGER_LIMIT=16384) and 128 preposted receives (FI_OFI_RXM_MSG_RX_SIZE) instead of
-  /// 4096 buffers of 16 KiB (about 68 MB per endpoint, touched when it opens, never used by RMA);
+  /// 4096 buffers of 16 KiB per endpoint (touched when it opens, never used by RMA);
   /// FI_UNIVERSE_SIZE=64, which sizes the completion ring under rxm (12 MiB per endpoint for
   /// libfabric's default of 1024); on 1.18 and later native tcp's message buffers of 1 KiB
-  /// (FI_TCP_MAX_RX_SIZE=1024, 16 MiB at the first connection otherwise). With it a Target costs
-  /// about 3 MB. Turn it off only when other code in the process uses libfabric messaging and
-  /// wants these defaults (docs/configuration.md).
+  /// (FI_TCP_MAX_RX_SIZE=1024, 16 MiB at the first connection otherwise). What a Target and a
+  /// service take with and without it: docs/performance.md, "Memory". Turn it off only when other
+  /// code in the process uses libfabric messaging and wants these defaults (docs/configuration.md).
   bool slim_buffers = true;
 
   /// Field by field equality.

@@ -23,7 +23,7 @@ namespace dma {
 /// Which way the bytes go.
 enum class Direction : std::uint8_t {
   ToPeer,    ///< fi_writemsg: local bytes from Operands::source() into the peer's buffer
-  FromPeer,  ///< fi_read: `length` bytes of the peer's buffer into Operands::allocate(length)
+  FromPeer,  ///< fi_readmsg: `length` bytes of the peer's buffer into Operands::allocate(length)
 };
 
 /// When a write counts as complete (TransferFields::completion). Reads always complete once the

@@ -86,9 +86,11 @@ struct DMA_EXPORT Configuration {
 
   /// Providers in preference order. Only the first is used, as in the Rust crate; empty means tcp.
   std::vector<Provider> providers{Provider::tcp};
-  /// Domain names (see discover_domains()); the first pins the endpoint to that device, the others
-  /// are ignored. Empty: the first domain libfabric offers. Serve several devices by opening one
-  /// service per domain.
+  /// Domain names (see discover_domains()) that pin endpoints to devices: endpoint k of a service
+  /// takes interfaces[k % interfaces.size()] (see endpoints). With one endpoint (the default, and
+  /// always in a Target) that is the first; the others are not used. Empty: the first domain
+  /// libfabric offers, for every endpoint. Serve several devices with one endpoint per interface,
+  /// or with one service per domain.
   std::vector<std::string> interfaces;
   /// Source node for fi_getinfo with FI_SOURCE, e.g. "127.0.0.1": the address a tcp endpoint
   /// listens on. Leave it unset for efa-direct. shm ignores it: its addresses are names in
@@ -155,8 +157,9 @@ struct DMA_EXPORT Configuration {
   std::size_t segment_window = 8;
 
   /// Endpoints one service opens, 1 to 16 (multi-rail). Each has its own completion queue,
-  /// credits and connections; with several Configuration::interfaces, endpoint k takes the k-th
-  /// (one per NIC), otherwise all share the first. A transfer of at least stripe_threshold bytes
+  /// credits and connections; endpoint k opens on interfaces[k % interfaces.size()] (one per NIC
+  /// when there are as many interfaces as endpoints; all on the same one when there is one, or on
+  /// the first domain offered when there is none). A transfer of at least stripe_threshold bytes
   /// is striped across all of them and completes once; a smaller one goes to the endpoint with
   /// the fewest transfers outstanding. Only the first endpoint binds Configuration::port.
   std::size_t endpoints = 1;
@@ -258,12 +261,12 @@ struct ProcessSettings {
   /// wire (a peer at libfabric's defaults still connects): on libfabric 1.17 rxm's bounce buffers
   /// of 1 KiB under its default eager limit (FI_OFI_RXM_BUFFER_SIZE=1024,
   /// FI_OFI_RXM_EAGER_LIMIT=16384) and 128 preposted receives (FI_OFI_RXM_MSG_RX_SIZE) instead of
-  /// 4096 buffers of 16 KiB (about 68 MB per endpoint, touched when it opens, never used by RMA);
+  /// 4096 buffers of 16 KiB per endpoint (touched when it opens, never used by RMA);
   /// FI_UNIVERSE_SIZE=64, which sizes the completion ring under rxm (12 MiB per endpoint for
   /// libfabric's default of 1024); on 1.18 and later native tcp's message buffers of 1 KiB
-  /// (FI_TCP_MAX_RX_SIZE=1024, 16 MiB at the first connection otherwise). With it a Target costs
-  /// about 3 MB. Turn it off only when other code in the process uses libfabric messaging and
-  /// wants these defaults (docs/configuration.md).
+  /// (FI_TCP_MAX_RX_SIZE=1024, 16 MiB at the first connection otherwise). What a Target and a
+  /// service take with and without it: docs/performance.md, "Memory". Turn it off only when other
+  /// code in the process uses libfabric messaging and wants these defaults (docs/configuration.md).
   bool slim_buffers = true;
 
   /// Field by field equality.

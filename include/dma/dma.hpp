@@ -22,7 +22,7 @@
 #include <dma/version.hpp>
 
 /// @namespace dma
-/// dma-libfabric: server-initiated one-sided RMA (fi_writemsg / fi_read) over libfabric, with an
+/// dma-libfabric: server-initiated one-sided RMA (fi_writemsg / fi_readmsg) over libfabric, with an
 /// Asio I/O object at its core (asynchronous::FabricService), a callback layer (FabricService) and
 /// the passive peer (Target).
 

@@ -57,8 +57,9 @@ struct DMA_EXPORT EndpointInfo {
 };
 
 /// Each domain name the configured provider offers, once, in libfabric's order: the values
-/// Configuration::interfaces takes. Start one service per domain to serve every device. Calls
-/// fi_getinfo; throws std::system_error when it fails.
+/// Configuration::interfaces takes. To serve every device, give a service one endpoint per domain
+/// (Configuration::endpoints) or start one service per domain. Calls fi_getinfo; throws
+/// std::system_error when it fails.
 DMA_EXPORT std::vector<std::string> discover_domains(const Configuration& configuration);
 /// As discover_domains(configuration), reporting a failure through `ec` with an empty result.
 DMA_EXPORT std::vector<std::string> discover_domains(const Configuration& configuration, std::error_code& ec);

@@ -40,7 +40,7 @@ enum class errc {
   progress_deadline,  ///< no progress posting within progress_deadline (connected, transmit queue stuck)
   peer_removed,       ///< the peer was removed before the transfer could be posted
   shutdown,           ///< the service shut down before the transfer could finish
-  null_op_context,    ///< the provider reported an error without an operation
+  null_op_context,    ///< an entry without an operation; never produced: see Metrics::context_less_errors
   // Setup.
   no_provider,             ///< fi_getinfo matched nothing
   no_domain,               ///< no fabric domain with the configured interface name

@@ -88,10 +88,12 @@ struct Tracked {
 
 }  // namespace detail
 
-/// The callback fabric service: one endpoint on a thread of its own (`fabric-NN`), whose
-/// completions reach a BatchCompleter in batches, with checksums computed on a Pool. Built on
-/// asynchronous::FabricService. Public member functions may be called from any thread, at the
-/// same time; the destructor must not run concurrently with any of them.
+/// The callback fabric service: its endpoint (or endpoints, Configuration::endpoints) on a thread
+/// of its own (`fabric-NN`), whose completions reach a BatchCompleter in batches, with checksums
+/// computed on a Pool. Built on asynchronous::FabricService. Public member functions may be called
+/// from any thread, at the same time; the destructor must not run concurrently with any of them.
+/// add_peer() and register_region() block until the fabric thread has run them, so neither they
+/// nor the destructor may be called from the completer.
 ///
 /// Context is the caller's per-transfer context; it supplies the operand (see dma::Operands) and
 /// comes back by value in the Completion.
@@ -123,7 +125,10 @@ class FabricService {
   }
 
   /// Transfers never posted fail with errc::shutdown; posted ones finish (bounded by the progress
-  /// deadline); every completion reaches the completer before this returns.
+  /// deadline). Then it waits until every accepted transfer has reached the completer, checksummed
+  /// batches on the Pool included, for at most 2 * progress_deadline + 10 s. Past that bound (a
+  /// completer that blocks, a Pool whose workers other jobs hold) it returns anyway, and a batch
+  /// still queued on the Pool reaches the completer later, from the Pool.
   ~FabricService() {
     {
       std::lock_guard lock(submit_mutex_);
@@ -210,9 +215,10 @@ class FabricService {
   std::size_t outstanding() const noexcept {
     return accepted_.load(std::memory_order_relaxed) - delivery_->delivered.load(std::memory_order_relaxed);
   }
-  /// The endpoint's fabric address, to send to peers (efa-direct peers must insert it first).
+  /// The (first) endpoint's fabric address, to send to peers (efa-direct peers must insert it
+  /// first).
   std::span<const std::uint8_t> local_address() const noexcept { return inner_.local_address(); }
-  /// The endpoint's provider, attributes and limits.
+  /// The (first) endpoint's provider, attributes and limits.
   EndpointInfo describe() const { return inner_.describe(); }
   /// The service's counters and latency histogram since it started (see dma::Metrics). Any
   /// thread, without blocking.
@@ -297,8 +303,9 @@ class FabricService {
     if (!checksummed_.empty()) hash_on_pool(std::exchange(checksummed_, {}));
   }
 
-  // The job owns the delivery state, not the service: a job that runs late (a stalled pool) never
-  // touches a destroyed service.
+  // The job owns the delivery state, not the service: a job that runs late (a stalled pool, after
+  // the destructor gave up waiting) never touches the destroyed service; it still calls the
+  // completer. A pool that refuses the job (closed, or none) has it run here, on the fabric thread.
   void hash_on_pool(std::vector<Pending> jobs) {
     {
       std::lock_guard lock(delivery_->mutex);

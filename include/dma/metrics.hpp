@@ -146,7 +146,7 @@ struct Metrics {
   std::uint64_t endpoint_replacements = 0;     ///< endpoints replaced to hand back posted transfers
   std::uint64_t reposted = 0;                  ///< posts handed back by a replaced endpoint's close and posted again
   std::uint64_t isolated_retries = 0;          ///< transfers posted again alone after another broke their connection
-  std::uint64_t context_less_errors = 0;       ///< error entries without an operation (endpoint faults)
+  std::uint64_t context_less_errors = 0;       ///< CQ entries (errors or successes) without an operation
   std::uint64_t queue_errors = 0;              ///< fi_cq_read failures that name no operation
   std::uint64_t segmented = 0;        ///< transfers split into several posts (too long for one, or with operand lists)
   std::uint64_t registrations = 0;    ///< fi_mr_reg calls for local operands and pinned regions

@@ -108,7 +108,9 @@ struct NotificationWaiterFor final : NotificationWaiter {
 }  // namespace detail
 
 /// The passive peer: exposes buffers for the server to write into or read from, and drives the
-/// progress that tcp needs on the target side. Every member may be called from any thread.
+/// progress that tcp needs on the target side. Every member function may be called from any
+/// thread, concurrently (libfabric calls are serialised by the Target's mutex); the destructor
+/// must not run concurrently with any of them.
 class DMA_EXPORT Target {
   struct State;
 

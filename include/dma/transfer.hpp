@@ -23,7 +23,7 @@ namespace dma {
 /// Which way the bytes go.
 enum class Direction : std::uint8_t {
   ToPeer,    ///< fi_writemsg: local bytes from Operands::source() into the peer's buffer
-  FromPeer,  ///< fi_read: `length` bytes of the peer's buffer into Operands::allocate(length)
+  FromPeer,  ///< fi_readmsg: `length` bytes of the peer's buffer into Operands::allocate(length)
 };
 
 /// When a write counts as complete (TransferFields::completion). Reads always complete once the
@@ -196,8 +196,8 @@ template <typename Context, typename = void>
 struct Operands {
   /// ToPeer: the bytes to write, from `context.source()` (a contiguous range of 1-byte elements,
   /// or an optional of one). Empty: the transfer fails with errc::no_source. Called once per
-  /// transfer, before it is posted (on the service's strand; on the submitting thread for a
-  /// service with several endpoints).
+  /// transfer, before it is posted: on the service's strand, or, on a service with several
+  /// endpoints (Configuration::endpoints), inside submit() on the thread that calls it.
   static std::optional<std::span<const std::byte>> source(const Context& context) requires requires(const Context& c) {
     c.source();
   }
@@ -238,11 +238,13 @@ struct Operands {
     c.remote_segments();
   }
   { return to_segments(context.remote_segments()); }
-  /// From `context.cacheable_span()`, asked only where the provider needs local registration and
-  /// only on a registration-cache miss. Returning a span is a promise: invalidate() will be called
-  /// over it before any of its pages is unmapped, returned to the OS or discarded with madvise.
-  /// A span that does not contain the operand is ignored; empty (the default, and a context
-  /// without the member) registers just the operand, for this transfer only.
+  /// From `context.cacheable_span()`, asked on the strand only where the provider needs local
+  /// registration and only on a registration-cache miss; a transfer striped over several
+  /// endpoints asks it once, inside submit(), for its parts to share. Returning a span is a
+  /// promise: invalidate() will be called over it before any of its pages is unmapped, returned
+  /// to the OS or discarded with madvise. A span that does not contain the operand is ignored;
+  /// empty (the default, and a context without the member) registers just the operand, for this
+  /// transfer only.
   static std::optional<CacheableSpan> cacheable_span(const Context& context) {
     if constexpr (requires { context.cacheable_span(); }) {
       return context.cacheable_span();

@@ -1,5 +1,6 @@
 // Resident memory of Targets and an idle service, measured in this process. Bounds are loose
-// (memory is not timing): they catch provider pools sized for messaging, ~70 MB per endpoint.
+// (memory is not timing): they catch provider pools sized for messaging, which take about 68 MiB
+// per endpoint on libfabric 1.17 (docs/performance.md, "Memory").
 #include "../catch.hpp"
 
 #include "../../tools/common/resident_memory.hpp"

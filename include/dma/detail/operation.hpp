@@ -41,8 +41,8 @@ enum OperandLists : std::uint8_t {
 };
 
 struct OperationFunctions {
-  /// Resolves the local operand from the caller's context (on the engine's strand); errc{} when
-  /// it is usable.
+  /// Resolves the local operand from the caller's context (on the engine's strand), or takes what
+  /// a service with several endpoints resolved in submit(); errc{} when it is usable.
   dma::errc (*resolve)(Operation& op);
   /// Frees the operation, then hands the Completion to the handler's executor.
   void (*complete)(Operation* op, Outcome&& outcome);
@@ -73,7 +73,8 @@ struct Operation {
 
   TransferFields request;  ///< as submitted
 
-  // Filled in on the strand, by functions->resolve.
+  // Filled in on the strand, by functions->resolve (from what submit() resolved, with several
+  // endpoints).
   std::byte* buffer = nullptr;  ///< the operand; null when it is a list (OperandLists::local_list)
   std::size_t length = 0;       ///< the transfer's: a write's source size, a read's requested length
   std::uint8_t lists = 0;       ///< OperandLists bits, from resolve()

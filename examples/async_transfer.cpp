@@ -16,20 +16,18 @@ struct Operation {
 };
 
 asio::awaitable<void> transfer(dma::asynchronous::FabricService<Operation>& service, dma::Advertisement peer) {
-  dma::TransferRequest<Operation> request;
-  request.client_id = 1;
-  request.set_peer(peer);
-  request.direction = dma::Direction::ToPeer;
+  auto request = dma::write_to(peer, /*client_id=*/1, Operation{std::vector<std::uint8_t>(4096, 0xab)});
   request.want_checksum = true;
-  request.caller_context = Operation{std::vector<std::uint8_t>(4096, 0xab)};
 
-  auto [operation, outcome] = co_await service.submit(std::move(request));
+  // as_tuple: a failure comes back as (ec, completion) instead of an exception, with the
+  // provider's detail in completion.outcome.
+  auto [ec, done] = co_await service.submit(std::move(request), dma::compat::as_tuple(asio::use_awaitable));
 
-  if (outcome) {
-    std::printf("wrote %zu of %zu bytes, crc %s\n", outcome->bytes, operation.payload.size(),
-                examples::crc_text(outcome->checksum).c_str());
+  if (!ec) {
+    std::printf("wrote %zu of %zu bytes, crc %s\n", done.outcome->bytes, done.caller_context.payload.size(),
+                examples::crc_text(done.outcome->checksum).c_str());
   } else {
-    std::printf("transfer failed: %s\n", outcome.message().c_str());
+    std::printf("transfer failed: %s\n", done.outcome.message().c_str());
   }
 }
 

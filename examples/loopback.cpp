@@ -58,9 +58,10 @@ asio::awaitable<void> lane(dma::asynchronous::FabricService<Slice>& service, con
     request.direction = direction;
     request.length = chunk;
     request.caller_context = Slice{local.subspan(index * chunk, chunk)};
-    auto [slice, outcome] = co_await service.submit(std::move(request));
+    auto [ec, done] = co_await service.submit(std::move(request), dma::compat::as_tuple(asio::use_awaitable));
+    const auto& outcome = done.outcome;
     ++totals.transfers;
-    if (outcome) {
+    if (!ec) {
       totals.bytes += outcome->bytes;
     } else {
       if (totals.errors++ == 0) std::fprintf(stderr, "transfer failed: %s\n", outcome.message().c_str());

@@ -12,17 +12,14 @@
 
 asio::awaitable<void> read(dma::asynchronous::FabricService<std::vector<std::uint8_t>>& service,
                            dma::Advertisement peer) {
-  dma::TransferRequest<std::vector<std::uint8_t>> request;
-  request.client_id = 1;
-  request.set_peer(peer);
-  request.direction = dma::Direction::FromPeer;
-  request.length = 4096;
+  // The vector is the landing buffer: allocate(4096) resizes it.
+  auto request = dma::read_from(peer, /*client_id=*/1, 4096, std::vector<std::uint8_t>());
   request.want_checksum = true;
 
-  // The vector is the landing buffer: allocate(4096) resizes it.
-  auto [bytes, outcome] = co_await service.submit(std::move(request));
+  auto [ec, done] = co_await service.submit(std::move(request), dma::compat::as_tuple(asio::use_awaitable));
+  const auto& [bytes, outcome] = done;
 
-  if (outcome) {
+  if (!ec) {
     const bool verified = std::all_of(bytes.begin(), bytes.end(), [](std::uint8_t b) { return b == 0xab; });
     std::printf("read %zu bytes, crc %s, payload %s\n", outcome->bytes, examples::crc_text(outcome->checksum).c_str(),
                 verified ? "verified" : "IS NOT WHAT THE TARGET SERVED");

@@ -132,8 +132,9 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
                  asio::bind_allocator(PoolAllocator<void>(), [self = shared_from_this()] { self->take_intake(); }));
     }
   }
-  void cancel(Operation* op, std::uint64_t sequence) override {
-    asio::post(strand_, [self = shared_from_this(), op, sequence] { self->cancel_outstanding(op, sequence); });
+  void cancel(Operation* op, std::uint64_t sequence, CancelScope scope) override {
+    asio::post(strand_,
+               [self = shared_from_this(), op, sequence, scope] { self->cancel_outstanding(op, sequence, scope); });
   }
   std::uint64_t next_sequence() noexcept override { return ledger_.next_sequence(); }
   void remove_peer(std::uint64_t client_id) override {
@@ -581,8 +582,8 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
       "with immediate data was in flight: it may have landed and notified, so it is not posted again";
 
   // ---- cancellation, reclaiming -------------------------------------------------------------
-  void cancel_outstanding(Operation* op, std::uint64_t sequence) {
-    const Ledger::Cancelled cancelled = ledger_.cancel(op, sequence, poster_, reclaimer_);
+  void cancel_outstanding(Operation* op, std::uint64_t sequence, CancelScope scope) {
+    const Ledger::Cancelled cancelled = ledger_.cancel(op, sequence, scope, poster_, reclaimer_);
     if (cancelled == Ledger::Cancelled::finished) schedule_progress();
     if (cancelled == Ledger::Cancelled::doomed) reclaim();
   }

@@ -11,6 +11,7 @@
 #include "segmenter.hpp"
 
 #include <dma/advertisement.hpp>
+#include <dma/detail/cancel_scope.hpp>
 #include <dma/error.hpp>
 #include <dma/metrics.hpp>
 
@@ -78,8 +79,9 @@ class Ledger {
   /// Cancels op, compared by address before anything is read through it (op may be long gone, and
   /// its address reused): a queued one completes at once with operation_aborted, a posted one is
   /// doomed for the reclaimer to hand back. Nothing for one completed or doomed already.
-  Cancelled cancel(Operation* op, std::uint64_t sequence, Poster& poster, Reclaimer& reclaimer) {
+  Cancelled cancel(Operation* op, std::uint64_t sequence, CancelScope scope, Poster& poster, Reclaimer& reclaimer) {
     if (!holds(op, sequence) || op->doom != Doom::none) return Cancelled::nothing;
+    if (op->posted && scope == CancelScope::queued) return Cancelled::nothing;  // it would have side effects
     if (!op->posted) {
       (void)poster.withdraw(op);
       finish(op, asio::error::operation_aborted);

@@ -5,6 +5,7 @@
 // and the reply sent, in the reply callback on the main thread. See docs/redis-module.md.
 #include <dma/dma.hpp>
 
+#include "confirmation.hpp"
 #include "fabric_host.hpp"
 #include "held_values.hpp"
 #include "module_api.hpp"
@@ -64,6 +65,7 @@ struct Transfer {
   std::size_t length = 0;
   std::optional<std::uint32_t> expected_crc;
   std::optional<std::uint32_t> known_crc;  ///< DMA.GET from a held value: its CRC, not computed again
+  std::optional<std::uint64_t> token;      ///< DMA.GET: the client's, sent as the write's immediate data
   dma::Outcome outcome;
   std::int64_t completed_ns = 0;  ///< when the completer handed it over (steady clock)
 };
@@ -86,6 +88,7 @@ struct Counters {
   std::uint64_t sets_in_flight = 0, gets_in_flight = 0;
   std::uint64_t transfers_ok = 0, transfers_failed = 0, transfers_timed_out = 0, crc_mismatches = 0;
   std::uint64_t bytes_read = 0, bytes_written = 0;
+  std::uint64_t gets_notified = 0;    ///< DMA.GET writes that carried the client's token
   std::uint64_t replies_dropped = 0;  ///< transfers whose client left before the reply
   std::uint64_t get_copies = 0, get_copy_ns = 0, get_copy_bytes = 0;
   std::uint64_t gets_from_held = 0;                     ///< DMA.GETs written straight from a held value
@@ -101,6 +104,7 @@ struct Module {
   std::shared_ptr<dma::Pool> pool;
   std::unique_ptr<Service> service;
   dma::EndpointInfo info;
+  kv::Confirmation confirmation = kv::Confirmation::reply;  ///< what DMA.HELLO tells clients
   std::string address_hex;
   std::unordered_map<std::uint64_t, dma::PeerAddress> peers;  ///< client id -> its DMA.HELLO address
 };
@@ -236,6 +240,7 @@ void release(rm::Ctx*, void* data) {
   if (transfer->outcome) {
     ++counters.transfers_ok;
     (transfer->set ? counters.bytes_read : counters.bytes_written) += transfer->length;
+    if (transfer->token) ++counters.gets_notified;
   } else {
     ++counters.transfers_failed;
     if (transfer->outcome.error() == std::errc::timed_out) ++counters.transfers_timed_out;
@@ -265,6 +270,7 @@ void start(rm::Ctx* ctx, Transfer* transfer, const dma::PeerAddress& peer, std::
   request.direction = transfer->set ? dma::Direction::FromPeer : dma::Direction::ToPeer;
   request.length = transfer->length;
   request.want_checksum = !transfer->known_crc;
+  request.immediate_data = transfer->token;  // the client's Target hears it once the bytes have landed
   request.caller_context = Operation{transfer};
   if (module->service->submit(std::move(request))) {
     transfer->outcome = dma::Outcome(dma::make_error_code(dma::errc::shutdown));
@@ -347,10 +353,12 @@ int hello(rm::Ctx* ctx, rm::String** argv, int argc) {
   module->peers.emplace(id, address);
   ++counters.hellos;
   ++counters.dma_clients;
-  api.ReplyWithArray(ctx, 3);
+  api.ReplyWithArray(ctx, 4);
   api.ReplyWithStringBuffer(ctx, module->address_hex.data(), module->address_hex.size());
   api.ReplyWithLongLong(ctx, static_cast<long long>(id));
-  return api.ReplyWithLongLong(ctx, static_cast<long long>(module->options.max_value));
+  api.ReplyWithLongLong(ctx, static_cast<long long>(module->options.max_value));
+  const auto confirmation = kv::to_string(module->confirmation);
+  return api.ReplyWithStringBuffer(ctx, confirmation.data(), confirmation.size());
 }
 
 int dma_set(rm::Ctx* ctx, rm::String** argv, int argc) {
@@ -404,11 +412,19 @@ int dma_set(rm::Ctx* ctx, rm::String** argv, int argc) {
 }
 
 int dma_get(rm::Ctx* ctx, rm::String** argv, int argc) {
-  if (argc != 5) return api.WrongArity(ctx);
+  if (argc != 5 && argc != 6) return api.WrongArity(ctx);
   const dma::PeerAddress* peer = peer_of(ctx, "DMA.GET");
   if (peer == nullptr) return rm::ok;
   const auto window = parse_window(ctx, argv + 2, "capacity");
   if (!window) return rm::ok;
+  std::optional<std::uint64_t> token;
+  if (argc == 6) {
+    token = dma::parse_u64(view(argv[5]));
+    if (!token || *token > kv::max_token) {
+      return error(ctx, "ERR invalid token '" + std::string(view(argv[5]).substr(0, 32)) +
+                            "': a notification token is a number below 2^32");
+    }
+  }
   rm::Key* key = api.OpenKey(ctx, argv[1], rm::read);
   if (key == nullptr || api.KeyType(key) == rm::keytype_empty) {
     if (key != nullptr) api.CloseKey(key);
@@ -441,6 +457,7 @@ int dma_get(rm::Ctx* ctx, rm::String** argv, int argc) {
     transfer->bytes = reinterpret_cast<std::byte*>(const_cast<char*>(stored));  // only read
     transfer->length = length;
     transfer->known_crc = held->crc;
+    transfer->token = token;
     start(ctx, transfer, *peer, window->rkey, window->address);
     return rm::ok;
   }
@@ -457,6 +474,7 @@ int dma_get(rm::Ctx* ctx, rm::String** argv, int argc) {
   transfer->key = view(argv[1]);
   transfer->bytes = copy;
   transfer->length = length;
+  transfer->token = token;
   start(ctx, transfer, *peer, window->rkey, window->address);
   return rm::ok;
 }
@@ -481,6 +499,7 @@ std::string info_text() {
   line("fabric_address", module->address_hex);
   line("any_fabric_host", module->options.allow_any_fabric_host ? "yes" : "no");
   line("max_value", module->options.max_value);
+  line("get_confirmation", kv::to_string(module->confirmation));
   s += "\r\n# Clients\r\n";
   line("dma_clients", c.dma_clients);
   line("hellos", c.hellos);
@@ -496,6 +515,7 @@ std::string info_text() {
   line("replies_dropped", c.replies_dropped);
   line("bytes_read_from_clients", c.bytes_read);
   line("bytes_written_to_clients", c.bytes_written);
+  line("gets_notified", c.gets_notified);
   line("get_copies", c.get_copies);
   line("get_copy_bytes", c.get_copy_bytes);
   line("get_copy_us", c.get_copy_ns / 1000);
@@ -574,6 +594,14 @@ int load(rm::Ctx* ctx, rm::String** argv, int argc) {
     return rm::err;
   }
   loaded->info = loaded->service->describe();
+  loaded->confirmation = kv::resolve_confirmation(loaded->options.confirm_gets, loaded->info);
+  if (auto why = kv::check_token_room(loaded->info);
+      !why.empty() && loaded->confirmation == kv::Confirmation::notification) {
+    api.Log(ctx, "warning", "dma: confirm-gets notification: %s", why.c_str());
+    stop();
+    module = nullptr;
+    return rm::err;
+  }
   loaded->address_hex = dma::encode_hex(loaded->service->local_address());
   module = loaded.release();
   struct Command {
@@ -600,8 +628,9 @@ int load(rm::Ctx* ctx, rm::String** argv, int argc) {
   api.SubscribeToServerEvent(ctx, rm::event_shutdown, shutting_down);
   api.SubscribeToServerEvent(ctx, rm::event_flushdb, flushing);
   api.SubscribeToServerEvent(ctx, rm::event_swapdb, swapping);
-  api.Log(ctx, "notice", "dma: fabric %s, address %s, max-value %zu", module->info.provider.c_str(),
-          module->address_hex.c_str(), module->options.max_value);
+  api.Log(ctx, "notice", "dma: fabric %s, address %s, max-value %zu, DMA.GET confirmed by %s",
+          module->info.provider.c_str(), module->address_hex.c_str(), module->options.max_value,
+          std::string(kv::to_string(module->confirmation)).c_str());
   return rm::ok;
 }
 

@@ -57,10 +57,14 @@ std::string parse_options(std::span<const std::string_view> arguments, Options& 
       if (why = parse_number(key, value, 0, number); why.empty()) options.pool_threads = number;
     } else if (key == "transfer-deadline-ms") {
       if (why = parse_number(key, value, 0, number); why.empty()) options.transfer_deadline_ms = number;
+    } else if (key == "confirm-gets") {
+      if (!kv::parse_confirmation_setting(value, options.confirm_gets)) {
+        why = "confirm-gets takes auto, reply or notification, not '" + std::string(value) + "'";
+      }
     } else {
       why = "unknown argument '" + std::string(key) +
             "' (config, bind, efa, max-value, allow-any-fabric-host, pool-threads, transfer-deadline-ms, "
-            "hold-values)";
+            "hold-values, confirm-gets)";
     }
     if (!why.empty()) return why;
   }

@@ -2,10 +2,13 @@
 // so the parser can be tested alone.
 #pragma once
 
+#include "confirmation.hpp"
+
 #include <dma/configuration.hpp>
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -19,9 +22,10 @@ struct Options {
   bool efa = false;
   std::size_t max_value = std::size_t{16} << 20;
   bool allow_any_fabric_host = false;
-  std::size_t pool_threads = 2;            ///< 0: no pool, CRCs on the fabric thread
-  std::uint64_t transfer_deadline_ms = 0;  ///< 0: the configuration's
-  bool hold_values = true;                 ///< DMA.GET writes from the string DMA.SET stored
+  std::size_t pool_threads = 2;                  ///< 0: no pool, CRCs on the fabric thread
+  std::uint64_t transfer_deadline_ms = 0;        ///< 0: the configuration's
+  bool hold_values = true;                       ///< DMA.GET writes from the string DMA.SET stored
+  std::optional<kv::Confirmation> confirm_gets;  ///< none: auto, from the endpoint
 
   /// The service's configuration: the TOML file's table, then these overrides. Throws
   /// dma::ConfigurationError for a bad file.

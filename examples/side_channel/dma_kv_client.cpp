@@ -7,6 +7,8 @@
 //   dma-kv-client --port P bench --clients N --sizes 4096,1M --ratio 1:1 --duration 5 [--json]
 #include <dma/dma.hpp>
 
+#include "confirmation.hpp"
+#include "notification_router.hpp"
 #include "pattern.hpp"
 #include "resp.hpp"
 
@@ -170,13 +172,19 @@ dma::Configuration fabric_configuration(const Common& common) {
   return configuration;
 }
 
-// A RESP connection with its bounce buffer exposed on the shared target.
+// How long a DMA.GET waits for its notification once the server's reply is in. The write has
+// completed at the server by then, so only a notification that will never come waits this long.
+constexpr auto notification_bound = std::chrono::seconds(30);
+
+// A RESP connection with its bounce buffer exposed on the shared target, whose notifications
+// `router` routes.
 class SideChannel {
  public:
   static asio::awaitable<std::unique_ptr<SideChannel>> open(const Common& common, dma::Target& target,
-                                                            std::size_t capacity) {
+                                                            kv::NotificationRouter& router, std::size_t capacity) {
     auto channel = std::unique_ptr<SideChannel>(new SideChannel(
         co_await RespConnection::connect(common.host, common.port, 64 * 1024), std::max<std::size_t>(capacity, 1)));
+    channel->router_ = &router;
     channel->region_ = target.expose(channel->buffer_);
     const std::vector<std::string> arguments{"DMA.HELLO", dma::encode_hex(target.local_address())};
     const auto hello = co_await channel->resp_.command(arguments);
@@ -185,12 +193,19 @@ class SideChannel {
     }
     const auto server_address = dma::decode_hex(hello.elements[0].text);
     channel->client_id_ = static_cast<std::uint64_t>(hello.elements[1].integer);
+    // A server that names no confirmation (three elements) replies once the bytes have landed.
+    if (hello.elements.size() >= 4) {
+      const auto confirmation = kv::parse_confirmation(hello.elements[3].text);
+      if (!confirmation) throw Failure("DMA.HELLO: unknown confirmation '" + std::string(hello.elements[3].text) + "'");
+      channel->confirmation_ = *confirmation;
+    }
     if (common.efa) target.insert_initiator(server_address);  // efa-direct: the server must be known first
     co_return channel;
   }
 
   std::span<std::byte> buffer() noexcept { return buffer_; }
   std::uint64_t client_id() const noexcept { return client_id_; }
+  kv::Confirmation confirmation() const noexcept { return confirmation_; }
 
   /// DMA.SET of the first `length` bytes of the buffer.
   asio::awaitable<void> set(std::string_view key, std::size_t length) {
@@ -206,36 +221,64 @@ class SideChannel {
     expect_ok(reply, "DMA.SET");
   }
 
-  /// DMA.GET into the buffer; returns the value's length and the server's CRC-32C of it.
+  /// DMA.GET into the buffer; returns, once the bytes are in the buffer, the value's length and the
+  /// server's CRC-32C of it. Under notification confirmation the command carries a token, and the
+  /// bytes are there once the Target's notification with that token has arrived.
   asio::awaitable<std::pair<std::size_t, std::uint32_t>> get(std::string_view key) {
     const auto& a = region_.advertisement();
-    const std::vector<std::string> arguments{"DMA.GET", std::string(key), std::to_string(a.remote_key),
-                                             std::to_string(a.remote_address), std::to_string(buffer_.size())};
+    std::vector<std::string> arguments{"DMA.GET", std::string(key), std::to_string(a.remote_key),
+                                       std::to_string(a.remote_address), std::to_string(buffer_.size())};
+    std::optional<PendingToken> token;
+    if (confirmation_ == kv::Confirmation::notification) {
+      token.emplace(*router_);
+      arguments.push_back(std::to_string(token->value));
+    }
     const auto reply = co_await resp_.command(arguments);
     if (reply.type != kv::resp::Reply::Type::array || reply.elements.size() != 2) {
       throw Failure("DMA.GET: " + reply_text(reply));
     }
     const auto length = static_cast<std::size_t>(reply.elements[0].integer);
+    const auto crc = static_cast<std::uint32_t>(reply.elements[1].integer);
     if (length > buffer_.size()) throw Failure("DMA.GET: the server reports more bytes than the buffer holds");
-    co_return std::pair{length, static_cast<std::uint32_t>(reply.elements[1].integer)};
+    if (token && length > 0) {  // an empty value is not written, so nothing notifies
+      try {
+        co_await router_->wait(token->value, notification_bound);
+      } catch (const kv::NotificationRouter::Missing& missing) {
+        throw Failure("DMA.GET: " + std::string(missing.what()));
+      }
+    }
+    co_return std::pair{length, crc};
   }
 
  private:
+  // A token from the router, forgotten again however the DMA.GET ends.
+  struct PendingToken {
+    explicit PendingToken(kv::NotificationRouter& r) : router(r), value(r.issue()) {}
+    ~PendingToken() { router.forget(value); }
+    PendingToken(const PendingToken&) = delete;
+    PendingToken& operator=(const PendingToken&) = delete;
+    kv::NotificationRouter& router;
+    const std::uint32_t value;
+  };
+
   SideChannel(RespConnection resp, std::size_t capacity) : resp_(std::move(resp)), buffer_(capacity) {}
 
   RespConnection resp_;
   std::vector<std::byte> buffer_;
   dma::Target::Region region_;
+  kv::NotificationRouter* router_ = nullptr;
   std::uint64_t client_id_ = 0;
+  kv::Confirmation confirmation_ = kv::Confirmation::reply;
 };
 
-// Runs body on a fresh io_context with a Target on it; rethrows what body throws.
+// Runs body on a fresh io_context with a Target (and its router) on it; rethrows what body throws.
 template <typename Body>
 void run_with_target(const Common& common, Body body) {
   asio::io_context io;
   dma::Target target(io, fabric_configuration(common));
+  kv::NotificationRouter router(target);
   std::exception_ptr failure;
-  asio::co_spawn(io, body(target), [&](std::exception_ptr e) {
+  asio::co_spawn(io, body(target, router), [&](std::exception_ptr e) {
     failure = e;
     io.stop();  // the target's progress keeps the context busy
   });
@@ -262,8 +305,8 @@ int command_set(const Common& common, const std::string& key, const std::optiona
     const auto bytes = pattern.value(kv::seed_of(key), *size);
     value.assign(bytes.begin(), bytes.end());
   }
-  run_with_target(common, [&](dma::Target& target) -> asio::awaitable<void> {
-    auto channel = co_await SideChannel::open(common, target, value.size());
+  run_with_target(common, [&](dma::Target& target, kv::NotificationRouter& router) -> asio::awaitable<void> {
+    auto channel = co_await SideChannel::open(common, target, router, value.size());
     std::copy(value.begin(), value.end(), channel->buffer().begin());
     co_await channel->set(key, value.size());
   });
@@ -275,8 +318,8 @@ int command_get(const Common& common, const std::string& key, const std::optiona
                 std::size_t capacity) {
   std::vector<std::byte> value;
   std::uint32_t server_crc = 0;
-  run_with_target(common, [&](dma::Target& target) -> asio::awaitable<void> {
-    auto channel = co_await SideChannel::open(common, target, capacity);
+  run_with_target(common, [&](dma::Target& target, kv::NotificationRouter& router) -> asio::awaitable<void> {
+    auto channel = co_await SideChannel::open(common, target, router, capacity);
     const auto [length, crc] = co_await channel->get(key);
     value.assign(channel->buffer().begin(), channel->buffer().begin() + static_cast<std::ptrdiff_t>(length));
     server_crc = crc;
@@ -393,6 +436,7 @@ struct BenchOptions {
 struct ArmResult {
   Arm arm{};
   std::uint64_t gets = 0, sets = 0, bytes = 0, errors = 0, mismatches = 0;
+  std::uint64_t notified = 0;  ///< GETs whose bytes a notification confirmed (not the reply)
   double seconds = 0;
   std::vector<float> latencies_us;
   std::string first_error;
@@ -430,22 +474,27 @@ class Bench {
     result.arm = arm;
     asio::io_context io;
     std::optional<dma::Target> target;
-    if (arm == Arm::dma) target.emplace(io, fabric_configuration(common_));
+    std::optional<kv::NotificationRouter> router;  // one for every client: they share the Target
+    if (arm == Arm::dma) {
+      target.emplace(io, fabric_configuration(common_));
+      router.emplace(*target);
+    }
     unsigned running = options_.clients;
     const auto start = Clock::now();
     deadline_ = start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(options_.duration));
     for (unsigned i = 0; i < options_.clients; ++i) {
-      asio::co_spawn(io, client(arm, port, target ? &*target : nullptr, i, result), [&](std::exception_ptr e) {
-        if (e) {
-          ++result.errors;
-          try {
-            std::rethrow_exception(e);
-          } catch (const std::exception& error) {
-            if (result.first_error.empty()) result.first_error = error.what();
-          }
-        }
-        if (--running == 0) io.stop();
-      });
+      asio::co_spawn(io, client(arm, port, target ? &*target : nullptr, router ? &*router : nullptr, i, result),
+                     [&](std::exception_ptr e) {
+                       if (e) {
+                         ++result.errors;
+                         try {
+                           std::rethrow_exception(e);
+                         } catch (const std::exception& error) {
+                           if (result.first_error.empty()) result.first_error = error.what();
+                         }
+                       }
+                       if (--running == 0) io.stop();
+                     });
     }
     io.run();
     result.seconds = std::chrono::duration<double>(Clock::now() - start).count();
@@ -466,14 +515,15 @@ class Bench {
 
   bool more(std::size_t done) const { return options_.ops > 0 ? done < options_.ops : Clock::now() < deadline_; }
 
-  asio::awaitable<void> client(Arm arm, std::uint16_t port, dma::Target* target, unsigned index, ArmResult& result) {
+  asio::awaitable<void> client(Arm arm, std::uint16_t port, dma::Target* target, kv::NotificationRouter* router,
+                               unsigned index, ArmResult& result) {
     std::mt19937_64 rng(options_.seed * 1000003 + index);
     std::unique_ptr<SideChannel> channel;
     std::optional<RespConnection> resp;
     if (arm == Arm::dma) {
       Common common = common_;
       common.port = port;
-      channel = co_await SideChannel::open(common, *target, max_size_);
+      channel = co_await SideChannel::open(common, *target, *router, max_size_);
     } else {
       resp.emplace(co_await RespConnection::connect(common_.host, port, max_size_));
     }
@@ -497,6 +547,7 @@ class Bench {
           if (length != written.length || !same_bytes(channel->buffer().first(length), expected)) {
             ++result.mismatches;
           }
+          if (channel->confirmation() == kv::Confirmation::notification && length > 0) ++result.notified;
         } else {
           const std::vector<std::string> arguments{"GET", names[k]};
           const auto reply = co_await resp->command(arguments);
@@ -688,10 +739,11 @@ int command_bench(const Common& common, const BenchOptions& options) {
       std::printf(
           "%s{\"arm\": \"%s\", \"ops\": %llu, \"gets\": %llu, \"sets\": %llu, \"bytes\": %llu, "
           "\"seconds\": %.3f, \"ops_per_s\": %.1f, \"gb_per_s\": %.4f, \"p50_us\": %.1f, \"p99_us\": %.1f, "
-          "\"errors\": %llu, \"mismatches\": %llu}",
+          "\"errors\": %llu, \"mismatches\": %llu, \"notified\": %llu}",
           i ? ", " : "", arm_name(r.arm), static_cast<unsigned long long>(ops), static_cast<unsigned long long>(r.gets),
           static_cast<unsigned long long>(r.sets), static_cast<unsigned long long>(r.bytes), r.seconds, ops_per_s, gbps,
-          p50, p99, static_cast<unsigned long long>(r.errors), static_cast<unsigned long long>(r.mismatches));
+          p50, p99, static_cast<unsigned long long>(r.errors), static_cast<unsigned long long>(r.mismatches),
+          static_cast<unsigned long long>(r.notified));
     } else {
       std::printf("%-8s %10llu %12.0f %9.3f %10.0f %10.0f %8llu %10llu\n", arm_name(r.arm),
                   static_cast<unsigned long long>(ops), ops_per_s, gbps, p50, p99,
@@ -702,12 +754,18 @@ int command_bench(const Common& common, const BenchOptions& options) {
   if (options.json) {
     std::printf("]}\n");
   } else {
-    std::uint64_t gets = 0;
-    for (const auto& r : results)
+    std::uint64_t gets = 0, notified = 0;
+    for (const auto& r : results) {
       gets += r.gets;
+      notified += r.notified;
+    }
     if (failures == 0) {
       std::printf("verified: all %llu GETs returned every byte that was written\n",
                   static_cast<unsigned long long>(gets));
+      if (notified > 0) {
+        std::printf("(%llu of them read after the Target's notification, as the server asked)\n",
+                    static_cast<unsigned long long>(notified));
+      }
     } else {
       std::printf("FAILED: %llu errors or mismatched values\n", static_cast<unsigned long long>(failures));
     }

@@ -5,6 +5,7 @@
 //   dma-kv-server [--port P] [--threads N] [--max-value BYTES] [--max-memory BYTES] ...
 #include <dma/dma.hpp>
 
+#include "confirmation.hpp"
 #include "fabric_host.hpp"
 #include "resp.hpp"
 #include "store.hpp"
@@ -27,7 +28,9 @@
 #include <cstdio>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -51,8 +54,9 @@ struct Options {
   unsigned client_output_seconds = 60;
   unsigned idle_timeout = 0;  ///< seconds; 0: never
   bool allow_any_fabric_host = false;
-  std::string config;                      // a TOML file's [dma-libfabric] table, applied first
-  std::uint64_t transfer_deadline_ms = 0;  // 0: the configuration's (30 s by default)
+  std::string config;                            // a TOML file's [dma-libfabric] table, applied first
+  std::uint64_t transfer_deadline_ms = 0;        // 0: the configuration's (30 s by default)
+  std::optional<kv::Confirmation> confirm_gets;  // none: auto, from the endpoint
 };
 
 // One transfer's context: a stored (or arriving) value's region and its length.
@@ -79,6 +83,7 @@ struct Counters {
   std::atomic<std::uint64_t> crc_mismatches{0};
   std::atomic<std::uint64_t> bytes_read{0};      ///< pulled out of clients by DMA.SET
   std::atomic<std::uint64_t> bytes_written{0};   ///< pushed into clients by DMA.GET
+  std::atomic<std::uint64_t> gets_notified{0};   ///< DMA.GET writes that carried the client's token
   std::atomic<std::uint64_t> dma_clients{0};     ///< connections past DMA.HELLO now
   std::atomic<std::uint64_t> sets_in_flight{0};  ///< DMA.SET transfers submitted and not completed
   std::atomic<std::uint64_t> gets_in_flight{0};
@@ -111,8 +116,12 @@ class Server {
         client_buffers_(options.max_client_buffers),
         service_(io, configuration),
         info_(service_.describe()),
+        confirmation_(kv::resolve_confirmation(options.confirm_gets, info_)),
         acceptor_(io, tcp::endpoint(asio::ip::make_address(options.bind), options.port)),
         started_(std::chrono::steady_clock::now()) {
+    if (auto why = kv::check_token_room(info_); !why.empty() && confirmation_ == kv::Confirmation::notification) {
+      throw std::runtime_error("--confirm-gets notification: " + why);
+    }
     // A bulk somewhat over the value limit still parses, so SET can answer it with an error.
     limits_.max_bulk = options.max_value + 64 * 1024;
     limits_.max_request = limits_.max_bulk + 64 * 1024;
@@ -134,6 +143,7 @@ class Server {
   std::atomic<std::size_t> output_bytes_{0};
   Service service_;
   const dma::EndpointInfo info_;
+  const kv::Confirmation confirmation_;  ///< what the DMA.HELLO reply tells clients
   tcp::acceptor acceptor_;
   kv::Store store_;
   kv::resp::Limits limits_;
@@ -491,7 +501,7 @@ asio::awaitable<bool> Connection::execute(std::span<const std::string_view> argu
       error("ERR DMA.HELLO first: this connection has no fabric address");
     } else if (set && (arity == 5 || arity == 6)) {
       co_await dma_set(arguments);
-    } else if (!set && arity == 5) {
+    } else if (!set && (arity == 5 || arity == 6)) {
       co_await dma_get(arguments);
     } else {
       wrong_arity(name);
@@ -574,10 +584,11 @@ asio::awaitable<void> Connection::hello(std::string_view address_hex) {
   fabric_address_ = address;
   ++counters.hellos;
   ++counters.dma_clients;
-  kv::resp::append_array_header(out_, 3);
+  kv::resp::append_array_header(out_, 4);
   kv::resp::append_bulk(out_, dma::encode_hex(server_.service_.local_address()));
   kv::resp::append_integer(out_, static_cast<std::int64_t>(id));
   kv::resp::append_integer(out_, static_cast<std::int64_t>(server_.options_.max_value));
+  kv::resp::append_bulk(out_, kv::to_string(server_.confirmation_));
 }
 
 // `<rkey> <remote-addr> <length>` of DMA.SET, and DMA.GET's `<rkey> <remote-addr> <capacity>`.
@@ -652,7 +663,8 @@ asio::awaitable<void> Connection::dma_set(std::span<const std::string_view> argu
   request.want_checksum = true;
   request.caller_context = Slot{std::move(region), length};
   std::optional<InFlight> in_flight(std::in_place, counters.sets_in_flight);
-  auto [slot, outcome] = co_await server_.service_.submit(std::move(request));
+  auto [ec, done] = co_await server_.service_.submit(std::move(request), dma::compat::as_tuple(asio::use_awaitable));
+  auto& [slot, outcome] = done;
   in_flight.reset();
   if (!account(outcome)) co_return error("ERR transfer failed: " + outcome.message());
   counters.bytes_read += length;
@@ -672,6 +684,14 @@ asio::awaitable<void> Connection::dma_get(std::span<const std::string_view> argu
   auto& counters = server_.counters_;
   Window window;
   if (auto why = parse_window(arguments.subspan(2, 3), "capacity", window); !why.empty()) co_return error(why);
+  std::optional<std::uint64_t> token;
+  if (arguments.size() == 6) {
+    token = parse_number(arguments[5]);
+    if (!token || *token > kv::max_token) {
+      co_return error("ERR invalid token '" + std::string(arguments[5].substr(0, 32)) +
+                      "': a notification token is a number below 2^32");
+    }
+  }
   auto value = server_.store_.get(arguments[1]);
   if (!value) co_return error("ERR no such key");
   if (value->length > window.length) {
@@ -685,12 +705,15 @@ asio::awaitable<void> Connection::dma_get(std::span<const std::string_view> argu
     request.remote_key = window.rkey;
     request.remote_address = window.address;
     request.direction = dma::Direction::ToPeer;
+    request.immediate_data = token;  // the client's Target hears it once the bytes have landed
     request.caller_context = Slot{value->region, value->length};
     std::optional<InFlight> in_flight(std::in_place, counters.gets_in_flight);
-    auto [slot, outcome] = co_await server_.service_.submit(std::move(request));
+    auto [ec, done] = co_await server_.service_.submit(std::move(request), dma::compat::as_tuple(asio::use_awaitable));
     in_flight.reset();
+    const auto& outcome = done.outcome;
     if (!account(outcome)) co_return error("ERR transfer failed: " + outcome.message());
     counters.bytes_written += value->length;
+    if (token) ++counters.gets_notified;
   }
   kv::resp::append_array_header(out_, 2);
   kv::resp::append_integer(out_, static_cast<std::int64_t>(value->length));
@@ -832,6 +855,7 @@ std::string Server::info() const {
   line("threads", options_.threads);
   line("uptime_in_seconds", uptime.count());
   line("any_fabric_host", options_.allow_any_fabric_host ? "yes" : "no");
+  line("get_confirmation", kv::to_string(confirmation_));
   s += "\r\n# Clients\r\n";
   line("connected_clients", connected);
   line("dma_clients", counters_.dma_clients.load());
@@ -872,6 +896,7 @@ std::string Server::info() const {
   line("crc_mismatches", counters_.crc_mismatches.load());
   line("bytes_read_from_clients", counters_.bytes_read.load());
   line("bytes_written_to_clients", counters_.bytes_written.load());
+  line("gets_notified", counters_.gets_notified.load());
   s += "\r\n# Service\r\n";
   line("posted", m.posted);
   line("completed", m.completed);
@@ -924,7 +949,14 @@ int main(int argc, char** argv) {
   app.add_option("--config", options.config, "TOML file whose [dma-libfabric] table configures the service");
   app.add_option("--transfer-deadline", options.transfer_deadline_ms,
                  "milliseconds a transfer may take before it fails (0: the configuration's, 30 s by default)");
+  std::string confirm_gets = "auto";
+  app.add_option("--confirm-gets", confirm_gets,
+                 "what tells a DMA.GET's client its bytes have landed: reply, notification (a write with the "
+                 "client's token as immediate data), or auto (notification where a completed write does not say so)")
+      ->check(CLI::IsMember({"auto", "reply", "notification"}))
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  kv::parse_confirmation_setting(confirm_gets, options.confirm_gets);
 
   dma::Configuration configuration;
   if (!options.config.empty()) {

@@ -8,6 +8,8 @@
 #include <dma/configuration.hpp>
 #include <dma/detail/block_pool.hpp>
 #include <dma/detail/engine.hpp>
+#include <dma/detail/handler.hpp>
+#include <dma/detail/operand.hpp>
 #include <dma/detail/stripe.hpp>
 #include <dma/endpoint.hpp>
 #include <dma/error.hpp>
@@ -52,14 +54,6 @@ decltype(auto) owned(T&& value) {
     return std::move(value);
   }
 }
-
-/// A type no handler names as its executor: a handler whose associated executor, asked with this
-/// as the candidate, comes back as this has none of its own and runs on whatever it is given.
-struct NoExecutorProbe {};
-
-template <typename Handler>
-inline constexpr bool has_own_executor =
-    !std::is_same_v<asio::associated_executor_t<Handler, NoExecutorProbe>, NoExecutorProbe>;
 
 /// One submitted transfer with its caller's context and completion handler.
 template <typename Context, typename Handler, typename IoExecutor>
@@ -115,102 +109,43 @@ struct TransferOp final : Operation {
 
   static errc resolve(Operation& base) {
     auto& op = static_cast<TransferOp&>(base);
-    const errc ec = resolve_operand(op);
-    // The callback layer hashes on its Pool from the operand it saw; a list's CRC is the engine's.
-    if constexpr (requires { op.caller_context.checksum_lists; }) {
-      if (ec == errc{} && op.caller_context.checksum_lists && (op.lists & local_list) != 0)
-        op.request.want_checksum = true;
-    }
-    return ec;
+    if (op.resolved_early) return op.early_error;
+    const ResolvedOperand resolved = resolve_operand(op.caller_context, op.request.direction, op.request.length);
+    take(op, resolved);
+    return resolved.error;
   }
 
-  // errc{} when the operand is usable: no std::error_code is built on the success path.
-  static errc resolve_operand(TransferOp& op) {
-    if constexpr (requires { Operands<Context>::remote_segments(op.caller_context); }) {
-      if (Operands<Context>::remote_segments(op.caller_context)) op.lists |= remote_list;
+  /// Stores what resolve_operand() found; `resolved.error` set means the operand is unusable.
+  static void take(TransferOp& op, const ResolvedOperand& resolved) noexcept {
+    op.buffer = resolved.buffer;
+    op.length = resolved.length;
+    op.lists = resolved.lists;
+    // The callback layer hashes on its Pool from the operand it saw; a list's CRC is the engine's.
+    if constexpr (requires { op.caller_context.checksum_lists; }) {
+      if (resolved.error == errc{} && op.caller_context.checksum_lists && (op.lists & local_list) != 0)
+        op.request.want_checksum = true;
     }
-    if (op.request.direction == Direction::ToPeer) {
-      if constexpr (requires { Operands<Context>::sources(op.caller_context); }) {
-        if (auto sources = Operands<Context>::sources(op.caller_context)) {
-          std::size_t total = 0;
-          for (const auto& buffer : *sources) {
-            if (buffer.size() > SIZE_MAX - total) return errc::operand_range_overflows;
-            total += buffer.size();
-          }
-          op.lists |= local_list;
-          op.length = total;
-          return errc{};
-        }
-      }
-      auto source = Operands<Context>::source(op.caller_context);
-      if (!source) return errc::no_source;
-      op.buffer = const_cast<std::byte*>(source->data());  // the provider only reads a write's source
-      op.length = source->size();
-      return errc{};
-    }
-    op.length = op.request.length;
-    if constexpr (requires { Operands<Context>::landing(op.caller_context); }) {
-      if (auto buffers = Operands<Context>::landing(op.caller_context)) {
-        std::size_t total = 0;
-        for (const auto& buffer : *buffers) {
-          if (total >= op.length) break;
-          total += std::min(buffer.size(), op.length - total);
-        }
-        if (total < op.length) return errc::landing_buffer_too_small;
-        op.lists |= local_list;
-        return errc{};
-      }
-    }
-    auto landing = Operands<Context>::allocate(op.caller_context, op.length);
-    if (!landing) return errc::no_landing_buffer;
-    if (landing->size() < op.length) return errc::landing_buffer_too_small;
-    op.buffer = landing->data();
-    return errc{};
+  }
+
+  /// The operand was resolved on the submitting thread (a service with several endpoints): the
+  /// engine's resolve() returns this instead of asking the context again.
+  void resolved_before(const ResolvedOperand& resolved) noexcept {
+    take(*this, resolved);
+    resolved_early = true;
+    early_error = resolved.error;
   }
 
   static std::optional<CacheableSpan> cacheable_span(const Operation& base) {
-    return Operands<Context>::cacheable_span(static_cast<const TransferOp&>(base).caller_context);
+    return detail::cacheable_span(static_cast<const TransferOp&>(base).caller_context);
   }
 
-  // A gather's sources (the provider only reads them) or a scatter's landing buffers, the last
-  // one cut at the transfer's length.
   static std::size_t local_buffers(Operation& base, std::span<std::span<std::byte>> out) {
     auto& op = static_cast<TransferOp&>(base);
-    std::size_t count = 0;
-    std::size_t left = op.length;
-    auto take = [&](std::byte* data, std::size_t size) {
-      if (count < out.size()) out[count] = {data, std::min(size, left)};
-      left -= std::min(size, left);
-      ++count;
-    };
-    if (op.request.direction == Direction::ToPeer) {
-      if constexpr (requires { Operands<Context>::sources(op.caller_context); }) {
-        if (auto sources = Operands<Context>::sources(op.caller_context)) {
-          for (const auto& buffer : *sources)
-            take(const_cast<std::byte*>(buffer.data()), buffer.size());
-        }
-      }
-      return count;
-    }
-    if constexpr (requires { Operands<Context>::landing(op.caller_context); }) {
-      if (auto buffers = Operands<Context>::landing(op.caller_context)) {
-        for (const auto& buffer : *buffers) {
-          if (left == 0) break;
-          take(buffer.data(), buffer.size());
-        }
-      }
-    }
-    return count;
+    return detail::local_buffers(op.caller_context, op.request.direction, op.length, out);
   }
 
   static std::span<const RemoteSegment> remote_segments(const Operation& base) {
-    if constexpr (requires {
-                    Operands<Context>::remote_segments(static_cast<const TransferOp&>(base).caller_context);
-                  }) {
-      auto segments = Operands<Context>::remote_segments(static_cast<const TransferOp&>(base).caller_context);
-      if (segments) return *segments;
-    }
-    return {};
+    return detail::remote_segments(static_cast<const TransferOp&>(base).caller_context);
   }
 
   // The operation is freed before the handler runs, so a handler may submit again at once.
@@ -222,18 +157,17 @@ struct TransferOp final : Operation {
     auto slot = asio::get_associated_cancellation_slot(op->handler);
     if (slot.is_connected()) slot.clear();
     Handler handler(std::move(op->handler));
+    const std::error_code ec = outcome.error();
     Completion<Context> completion{std::move(op->caller_context), std::move(outcome)};
     if (op->direct) {
       // The engine completes on a thread running the service's executor: a handler bound to that
       // same executor runs here, as asio::dispatch would run it, minus the type-erased wrapper.
       free(op);
-      return std::move(handler)(std::move(completion));
+      return std::move(handler)(ec, std::move(completion));
     }
     WorkExecutor work(std::move(*op->work));
     free(op);
-    asio::dispatch(work, [handler = std::move(handler), completion = std::move(completion)]() mutable {
-      std::move(handler)(std::move(completion));
-    });
+    dispatch_with_allocator(std::move(work), std::move(handler), ec, std::move(completion));
   }
 
   static void destroy(Operation* base) { free(static_cast<TransferOp*>(base)); }
@@ -245,6 +179,8 @@ struct TransferOp final : Operation {
   Handler handler;
   std::optional<WorkExecutor> work;  ///< only when the handler runs on another executor
   bool direct = false;               ///< the handler's executor is the service's own
+  bool resolved_early = false;       ///< see resolved_before()
+  errc early_error{};
 };
 
 /// The context of add_peer()'s connection warm-up: a write of no bytes.
@@ -252,7 +188,8 @@ struct WarmUp {
   std::span<const std::byte> source() const noexcept { return {}; }
 };
 
-/// Installed in a handler's cancellation slot: cancels the operation, queued or posted.
+/// Installed in a handler's cancellation slot: cancels the operation while it is queued for any
+/// cancellation type, and once posted only for terminal or partial (cancel_scope()).
 struct Canceller {
   Canceller(std::shared_ptr<Engine> e, Operation* o, std::uint64_t s) noexcept
       : engine(std::move(e)), op(o), sequence(s) {}
@@ -260,7 +197,7 @@ struct Canceller {
   Operation* op;
   std::uint64_t sequence;
   void operator()(asio::cancellation_type type) const {
-    if (type != asio::cancellation_type::none) engine->cancel(op, sequence);
+    if (auto scope = cancel_scope(type)) engine->cancel(op, sequence, *scope);
   }
 };
 
@@ -281,13 +218,24 @@ namespace asynchronous {
 /// Call it from inside a completion handler only; anywhere else it returns DrainPosition::none.
 inline DrainPosition drain_position() noexcept { return detail::drain_position(); }
 
-/// The asynchronous fabric service: one endpoint whose completions are watched by the caller's
-/// executor (the CQ's wait fd on the io_context's reactor). Public member functions may be called
-/// from any thread.
+/// The asynchronous fabric service: one endpoint (or several, Configuration::endpoints) whose
+/// completions are watched by the caller's executor (the CQ's wait fd on the io_context's
+/// reactor). Every asynchronous operation follows Asio's conventions: its completion signature
+/// starts with std::error_code, it takes any completion token for that signature, and with no
+/// token it uses the executor's default (asio::default_completion_token_t, e.g. set with
+/// `as_default_on_t`), else asio::use_awaitable_t<Executor>.
 ///
-/// Context is the caller's per-transfer context; it supplies the operand (see dma::Operands) and
-/// comes back by value in the Completion.
-template <typename Context, typename Executor = asio::any_io_executor>
+/// Context is the caller's per-transfer context: it supplies the operand (dma::TransferContext,
+/// see dma::Operands) and comes back by value in the Completion.
+///
+/// @par Thread Safety
+/// @e Distinct @e objects: Safe.@n
+/// @e Shared @e objects: submit(), add_peer(), remove_peer(), register_region() and the
+/// observers (outstanding(), metrics(), describe(), local_address(), endpoint_addresses(),
+/// endpoints(), is_open(), get_executor()) may be called concurrently from any threads. open(),
+/// close(), the move operations and the destructor must not run concurrently with any other
+/// member function on the same object.
+template <TransferContext Context, typename Executor = asio::any_io_executor>
 class FabricService {
  public:
   /// The executor the service's completions are watched on (Asio's name).
@@ -295,10 +243,13 @@ class FabricService {
   /// The caller's per-transfer context type.
   using context_type = Context;
   /// What submit()'s completion handler is called with.
-  using completion_signature = void(Completion<Context>);
+  using completion_signature = void(std::error_code, Completion<Context>);
+  /// The token an operation uses when the caller names none: executor_type's default
+  /// completion token, else asio::use_awaitable_t<executor_type>.
+  using default_token_type = detail::default_token_t<executor_type>;
 
-  /// The same service type on another executor type (Asio's rebind convention, e.g. for
-  /// `asio::use_awaitable_t<>::as_default_on_t`).
+  /// The same service type on another executor type (Asio's rebind convention, used by
+  /// `as_default_on_t`).
   template <typename OtherExecutor>
   struct rebind_executor {
     /// The rebound service type.
@@ -318,6 +269,18 @@ class FabricService {
   requires std::is_convertible_v<ExecutionContext&, asio::execution_context&> FabricService(
       ExecutionContext& context, const Configuration& configuration)
       : FabricService(context.get_executor(), configuration) {}
+
+  /// Takes over a service on another executor type whose executor converts to this one's (e.g.
+  /// what `asio::use_awaitable_t<>::as_default_on(std::move(service))` does); other is left
+  /// closed.
+  template <typename OtherExecutor>
+  requires std::is_constructible_v<Executor, const OtherExecutor&> FabricService(
+      FabricService<Context, OtherExecutor>&& other)
+  noexcept(std::is_nothrow_constructible_v<Executor, const OtherExecutor&>)
+      : executor_(other.executor_),
+        engine_(std::move(other.engine_)),
+        rails_(std::move(other.rails_)),
+        stripe_threshold_(other.stripe_threshold_) {}
 
   /// Transfers never posted fail with errc::shutdown; posted ones finish (bounded by
   /// progress_deadline, after which the endpoint is closed so the provider returns them, and they
@@ -367,77 +330,55 @@ class FabricService {
   /// The executor the service was built with (Asio's name).
   executor_type get_executor() const noexcept { return executor_; }
 
-  /// Starts one transfer.
+  /// Starts one transfer. The request is moved in: to send a copy, copy it explicitly
+  /// (`submit(dma::TransferRequest<Context>(request))`), since the context holds the operand.
   ///
   /// @par Completion Signature
-  /// @code void(dma::Completion<Context>) @endcode
-  /// The completion hands back the caller's context and the Outcome: TransferDone on success, or an
-  /// error_code: errc::timed_out past the transfer's deadline (Configuration::transfer_deadline or
-  /// TransferRequest::deadline), errc::connection_lost when the connection broke under it (tcp also
-  /// reports a rejected key or range this way), errc::connection_refused or
-  /// errc::connection_rejected (no connection within progress_deadline), errc::peer_unreachable
-  /// while the peer backs off, errc::shutdown, an operand or advertisement error, or a libfabric
-  /// code. It never runs inside submit().
+  /// @code void(std::error_code, dma::Completion<Context>) @endcode
+  /// The error_code is the outcome's: empty on success. The Completion hands back the caller's
+  /// context on every path, success or not, with the Outcome: TransferDone on success, or the
+  /// error with the provider's errno and detail (Outcome::message()). Errors: errc::timed_out
+  /// past the transfer's deadline (Configuration::transfer_deadline or TransferRequest::deadline),
+  /// errc::connection_lost when the connection broke under it (tcp also reports a rejected key or
+  /// range this way), errc::connection_refused or errc::connection_rejected (no connection within
+  /// progress_deadline), errc::peer_unreachable while the peer backs off, errc::shutdown, an
+  /// operand or advertisement error, asio::error::operation_aborted when cancelled, or a
+  /// libfabric code. The handler never runs inside submit(). With a token that turns errors into
+  /// exceptions (asio::use_awaitable, asio::use_future) the context is lost on failure: use
+  /// `asio::experimental::as_tuple` or `asio::redirect_error` to keep it.
   ///
   /// @par Per-Operation Cancellation
-  /// terminal, partial and total: a queued transfer completes at once with
-  /// asio::error::operation_aborted. A posted one cannot be cancelled in the provider (tcp and
-  /// efa-direct have no RMA cancel), so the service replaces its endpoint and closes the old one
-  /// once only such transfers remain on it, which makes the provider hand them back; it then
-  /// completes with operation_aborted, typically within milliseconds, or with its real outcome if
-  /// the provider returned it first. A cancelled write may still have landed.
-  template <typename CompletionToken = asio::use_awaitable_t<>>
-  auto submit(TransferRequest<Context>&& request, CompletionToken&& token = CompletionToken()) {
-    return start_submit(std::move(request), token);
+  /// While the transfer is queued (waiting for credits, a connection or its peer's back-off):
+  /// terminal, partial and total; it completes at once with asio::error::operation_aborted and
+  /// nothing was sent. Once posted: terminal and partial only. The provider cannot cancel an RMA
+  /// (tcp and efa-direct have none), so the service replaces the endpoint and closes the old one
+  /// once only such transfers remain on it, which makes the provider hand them back; the transfer
+  /// then completes with operation_aborted, typically within milliseconds, or with its real
+  /// outcome if the provider returned it first. A cancelled write may have landed, which is why
+  /// a posted transfer does not honour total. A transfer striped over several endpoints honours
+  /// terminal and partial only.
+  template <asio::completion_token_for<completion_signature> CompletionToken = default_token_type>
+  auto submit(TransferRequest<Context>&& request, CompletionToken&& token = default_token_type()) {
+    return asio::async_initiate<CompletionToken, completion_signature>(initiate_submit{this}, token,
+                                                                       std::move(request));
   }
-  /// As above, with a copy of request.
-  template <typename CompletionToken = asio::use_awaitable_t<>>
-  auto submit(const TransferRequest<Context>& request, CompletionToken&& token = CompletionToken()) {
-    return start_submit(request, token);
-  }
+  /// An lvalue request would be copied, context and payload: move it in, or copy it explicitly.
+  template <asio::completion_token_for<completion_signature> CompletionToken = default_token_type>
+  void submit(const TransferRequest<Context>& request, CompletionToken&& token = default_token_type()) = delete;
 
   /// Inserts a peer's address for client_id ahead of its first transfer, so an unusable address
   /// fails here rather than in a transfer.
   ///
   /// @par Completion Signature
   /// @code void(std::error_code) @endcode
-  template <typename CompletionToken = asio::use_awaitable_t<>>
+  ///
+  /// @par Per-Operation Cancellation
+  /// Not supported: the insertion is a local call that runs to its end.
+  template <asio::completion_token_for<void(std::error_code)> CompletionToken = default_token_type>
   auto add_peer(std::uint64_t client_id, std::vector<std::uint8_t> address,
-                CompletionToken&& token = CompletionToken()) {
-    return asio::async_initiate<CompletionToken, void(std::error_code)>(
-        [this](auto handler, std::uint64_t client, std::vector<std::uint8_t> bytes) {
-          auto work = asio::prefer(asio::get_associated_executor(handler, executor_),
-                                   asio::execution::outstanding_work.tracked);
-          if (rails_.empty()) {
-            return asio::post(work, [handler = std::move(handler)]() mutable {
-              std::move(handler)(make_error_code(errc::not_open));
-            });
-          }
-          // Every endpoint inserts it; the first error is the answer, once all have.
-          struct Shared {
-            std::mutex mutex;
-            std::size_t left = 0;
-            std::error_code ec;
-            std::vector<std::uint8_t> bytes;
-            std::optional<decltype(handler)> done;
-            std::optional<decltype(work)> executor;
-          };
-          auto shared = std::make_shared<Shared>();
-          shared->left = rails_.size();
-          shared->bytes = std::move(bytes);
-          shared->done.emplace(std::move(handler));
-          shared->executor.emplace(std::move(work));
-          for (const auto& engine : rails_) {
-            asio::post(engine->strand(), [engine, client, shared] {
-              const std::error_code ec = engine->insert_peer(client, shared->bytes);
-              std::lock_guard lock(shared->mutex);
-              if (ec && !shared->ec) shared->ec = ec;
-              if (--shared->left != 0) return;
-              asio::dispatch(*shared->executor, [shared]() mutable { std::move (*shared->done)(shared->ec); });
-            });
-          }
-        },
-        token, client_id, std::move(address));
+                CompletionToken&& token = default_token_type()) {
+    return asio::async_initiate<CompletionToken, void(std::error_code)>(initiate_insert_peer{this}, token, client_id,
+                                                                        std::move(address));
   }
 
   /// Inserts the advertised peer's address for client_id and brings its connection up, so that
@@ -455,27 +396,11 @@ class FabricService {
   /// errc::connection_refused, errc::connection_rejected, errc::peer_unreachable, errc::shutdown, ...
   ///
   /// @par Per-Operation Cancellation
-  /// As submit(): the warm-up completes with asio::error::operation_aborted.
-  template <typename CompletionToken = asio::use_awaitable_t<>>
-  auto add_peer(std::uint64_t client_id, const Advertisement& peer, CompletionToken&& token = CompletionToken()) {
-    return asio::async_initiate<CompletionToken, void(std::error_code)>(
-        [this](auto handler, std::uint64_t client, const Advertisement& advertised) {
-          TransferRequest<detail::WarmUp> request;
-          request.client_id = client;
-          request.set_peer(advertised);
-          request.direction = Direction::ToPeer;
-          auto executor = asio::get_associated_executor(handler, executor_);
-          auto allocator = asio::get_associated_allocator(handler, detail::PoolAllocator<void>());
-          auto slot = asio::get_associated_cancellation_slot(handler);
-          auto done = [handler = std::move(handler)](Completion<detail::WarmUp> warmed) mutable {
-            std::move(handler)(warmed.outcome.ok() ? std::error_code() : warmed.outcome.error());
-          };
-          auto bound = asio::bind_cancellation_slot(
-              slot, asio::bind_executor(executor, asio::bind_allocator(allocator, std::move(done))));
-          if (rails_.size() > 1) return initiate_on_every_endpoint(std::move(bound), std::move(request));
-          initiate(std::move(bound), std::move(request));
-        },
-        token, client_id, peer);
+  /// As submit(): terminal, partial and total while the warm-up is queued; terminal and partial
+  /// once it is posted. It completes with asio::error::operation_aborted; the address stays inserted.
+  template <asio::completion_token_for<void(std::error_code)> CompletionToken = default_token_type>
+  auto add_peer(std::uint64_t client_id, const Advertisement& peer, CompletionToken&& token = default_token_type()) {
+    return asio::async_initiate<CompletionToken, void(std::error_code)>(initiate_warm_up{this}, token, client_id, peer);
   }
 
   /// Releases client_id's peer once every transfer it submitted before this call has finished.
@@ -487,33 +412,19 @@ class FabricService {
   /// Takes ownership of storage (a contiguous range such as std::vector<std::byte>) and registers
   /// its bytes for local access where the provider needs it, so operands inside it skip
   /// per-transfer registration. Registering on one service gives no registration in another
-  /// service's domain. Errors: errc::zero_length_region, errc::region_range_overflows, fi_mr_reg's.
+  /// service's domain. Errors: errc::not_open, errc::zero_length_region,
+  /// errc::region_range_overflows, fi_mr_reg's.
   ///
   /// @par Completion Signature
   /// @code void(std::error_code, dma::MemoryRegion<S>) @endcode
-  template <typename S, typename CompletionToken = asio::use_awaitable_t<>>
-  auto register_region(S storage, CompletionToken&& token = CompletionToken()) {
+  ///
+  /// @par Per-Operation Cancellation
+  /// Not supported: the registration is a local call that runs to its end.
+  template <typename S,
+            asio::completion_token_for<void(std::error_code, MemoryRegion<S>)> CompletionToken = default_token_type>
+  auto register_region(S storage, CompletionToken&& token = default_token_type()) {
     return asio::async_initiate<CompletionToken, void(std::error_code, MemoryRegion<S>)>(
-        [this](auto handler, std::shared_ptr<S> boxed) {
-          auto work = asio::prefer(asio::get_associated_executor(handler, executor_),
-                                   asio::execution::outstanding_work.tracked);
-          const auto bytes = detail::storage_bytes(*boxed);
-          const auto base = reinterpret_cast<std::uintptr_t>(bytes.data());
-          std::error_code ec;
-          if (!engine_)
-            ec = errc::not_open;
-          else if (bytes.empty())
-            ec = errc::zero_length_region;
-          else if (bytes.size() > UINTPTR_MAX - base)
-            ec = errc::region_range_overflows;
-          if (ec) {
-            return asio::post(
-                work, [handler = std::move(handler), ec]() mutable { std::move(handler)(ec, MemoryRegion<S>()); });
-          }
-          // Pinned on every endpoint's domain in turn; the first error ends it.
-          pin_each(0, rails_, std::move(boxed), base, bytes.size(), std::move(work), std::move(handler));
-        },
-        token, std::make_shared<S>(std::move(storage)));
+        initiate_register<S>{this}, token, std::make_shared<S>(std::move(storage)));
   }
 
   /// Transfers accepted and not yet completed (queued or posted): a load-balancing signal.
@@ -550,6 +461,105 @@ class FabricService {
   }
 
  private:
+  template <TransferContext, typename>
+  friend class FabricService;  // the converting constructor takes over another executor type's
+
+  // Initiations are function objects that carry the service's executor (Asio's convention: an
+  // adapter such as asio::deferred or a composed operation can ask an initiation for it).
+  struct initiation_base {
+    FabricService* self;
+    using executor_type = Executor;
+    executor_type get_executor() const noexcept { return self->get_executor(); }
+  };
+
+  struct initiate_submit : initiation_base {
+    template <typename Handler, typename Request>
+    void operator()(Handler&& handler, Request&& request) const {
+      this->self->initiate(detail::owned(std::forward<Handler>(handler)),
+                           detail::owned(std::forward<Request>(request)));
+    }
+  };
+
+  struct initiate_insert_peer : initiation_base {
+    template <typename Handler>
+    void operator()(Handler&& handler_in, std::uint64_t client, std::vector<std::uint8_t> bytes) const {
+      FabricService* self = this->self;
+      auto handler = detail::owned(std::forward<Handler>(handler_in));
+      auto work = asio::prefer(asio::get_associated_executor(handler, self->executor_),
+                               asio::execution::outstanding_work.tracked);
+      if (self->rails_.empty())
+        return detail::post_with_allocator(work, std::move(handler), make_error_code(errc::not_open));
+      // Every endpoint inserts it; the first error is the answer, once all have.
+      struct Shared {
+        std::mutex mutex;
+        std::size_t left = 0;
+        std::error_code ec;
+        std::vector<std::uint8_t> bytes;
+        std::optional<decltype(handler)> done;
+        std::optional<decltype(work)> executor;
+      };
+      auto shared = std::make_shared<Shared>();
+      shared->left = self->rails_.size();
+      shared->bytes = std::move(bytes);
+      shared->done.emplace(std::move(handler));
+      shared->executor.emplace(std::move(work));
+      for (const auto& engine : self->rails_) {
+        asio::post(engine->strand(), [engine, client, shared] {
+          const std::error_code ec = engine->insert_peer(client, shared->bytes);
+          std::lock_guard lock(shared->mutex);
+          if (ec && !shared->ec) shared->ec = ec;
+          if (--shared->left != 0) return;
+          detail::dispatch_with_allocator(std::move(*shared->executor), std::move(*shared->done), shared->ec);
+        });
+      }
+    }
+  };
+
+  struct initiate_warm_up : initiation_base {
+    template <typename Handler>
+    void operator()(Handler&& handler_in, std::uint64_t client, const Advertisement& advertised) const {
+      FabricService* self = this->self;
+      auto handler = detail::owned(std::forward<Handler>(handler_in));
+      TransferRequest<detail::WarmUp> request;
+      request.client_id = client;
+      request.set_peer(advertised);
+      request.direction = Direction::ToPeer;
+      auto executor = asio::get_associated_executor(handler, self->executor_);
+      auto allocator = asio::get_associated_allocator(handler, detail::PoolAllocator<void>());
+      auto slot = asio::get_associated_cancellation_slot(handler);
+      auto done = [handler = std::move(handler)](std::error_code ec, Completion<detail::WarmUp>) mutable {
+        std::move(handler)(ec);
+      };
+      auto bound = asio::bind_cancellation_slot(
+          slot, asio::bind_executor(executor, asio::bind_allocator(allocator, std::move(done))));
+      if (self->rails_.size() > 1) return self->initiate_on_every_endpoint(std::move(bound), std::move(request));
+      self->initiate(std::move(bound), std::move(request));
+    }
+  };
+
+  template <typename S>
+  struct initiate_register : initiation_base {
+    template <typename Handler>
+    void operator()(Handler&& handler_in, std::shared_ptr<S> boxed) const {
+      FabricService* self = this->self;
+      auto handler = detail::owned(std::forward<Handler>(handler_in));
+      auto work = asio::prefer(asio::get_associated_executor(handler, self->executor_),
+                               asio::execution::outstanding_work.tracked);
+      const auto bytes = detail::storage_bytes(*boxed);
+      const auto base = reinterpret_cast<std::uintptr_t>(bytes.data());
+      std::error_code ec;
+      if (!self->engine_)
+        ec = errc::not_open;
+      else if (bytes.empty())
+        ec = errc::zero_length_region;
+      else if (bytes.size() > UINTPTR_MAX - base)
+        ec = errc::region_range_overflows;
+      if (ec) return detail::post_with_allocator(work, std::move(handler), ec, MemoryRegion<S>());
+      // Pinned on every endpoint's domain in turn; the first error ends it.
+      self->pin_each(0, self->rails_, std::move(boxed), base, bytes.size(), std::move(work), std::move(handler));
+    }
+  };
+
   void open(const Configuration& configuration, std::error_code& ec, std::string& what) {
     close();
     if (configuration.endpoints == 0 || configuration.endpoints > detail::max_endpoints) {
@@ -600,30 +610,6 @@ class FabricService {
     return *best;
   }
 
-  // The operand of a request to stripe: one contiguous buffer, no lists, at least the threshold.
-  // Resolved here, on the submitting thread.
-  template <typename C>
-  std::optional<std::span<std::byte>> stripe_operand(TransferRequest<C>& request) const {
-    if constexpr (requires { Operands<C>::remote_segments(request.caller_context); }) {
-      if (Operands<C>::remote_segments(request.caller_context)) return std::nullopt;
-    }
-    if (request.direction == Direction::ToPeer) {
-      if constexpr (requires { Operands<C>::sources(request.caller_context); }) {
-        if (Operands<C>::sources(request.caller_context)) return std::nullopt;
-      }
-      auto source = Operands<C>::source(request.caller_context);
-      if (!source || source->size() < stripe_threshold_) return std::nullopt;
-      return std::span<std::byte>(const_cast<std::byte*>(source->data()), source->size());
-    }
-    if (request.length < stripe_threshold_) return std::nullopt;
-    if constexpr (requires { Operands<C>::landing(request.caller_context); }) {
-      if (Operands<C>::landing(request.caller_context)) return std::nullopt;
-    }
-    auto landing = Operands<C>::allocate(request.caller_context, request.length);
-    if (!landing || landing->size() < request.length) return std::nullopt;  // the engine reports it
-    return landing->first(request.length);
-  }
-
   template <typename Handler, typename S>
   void pin_each(std::size_t k, std::vector<std::shared_ptr<detail::Engine>> rails, std::shared_ptr<S> boxed,
                 std::uintptr_t base, std::size_t length, auto work, Handler handler) {
@@ -635,39 +621,35 @@ class FabricService {
         return pin_each(k + 1, std::move(rails), std::move(boxed), base, length, std::move(work), std::move(handler));
       }
       auto region = pinned ? MemoryRegion<S>() : MemoryRegion<S>::adopt(std::move(boxed), base, base + length);
-      asio::dispatch(work, [handler = std::move(handler), pinned, region = std::move(region)]() mutable {
-        std::move(handler)(pinned, std::move(region));
-      });
+      detail::dispatch_with_allocator(std::move(work), std::move(handler), pinned, std::move(region));
     });
-  }
-
-  // The request goes to the token by reference: a token that defers the initiation (a coroutine
-  // frame, asio::deferred) keeps the one copy it needs, and the initiation moves it once more,
-  // into the operation.
-  template <typename Request, typename CompletionToken>
-  auto start_submit(Request&& request, CompletionToken& token) {
-    return asio::async_initiate<CompletionToken, completion_signature>(
-        [this](auto&& handler, auto&& req) {
-          this->initiate(detail::owned(std::forward<decltype(handler)>(handler)),
-                         detail::owned(std::forward<decltype(req)>(req)));
-        },
-        token, std::forward<Request>(request));
   }
 
   /// Submits request, a caller's transfer (C = Context) or the library's own (add_peer()'s warm-up).
   template <typename Handler, typename C>
   void initiate(Handler&& handler, TransferRequest<C>&& request) {
     using Op = detail::TransferOp<C, std::decay_t<Handler>, executor_type>;
-    if (rails_.size() > 1) {
-      if (auto operand = stripe_operand(request)) {
-        return initiate_striped(std::forward<Handler>(handler), std::move(request), *operand, rails_.size());
-      }
-    }
-    Op* op = Op::create(std::forward<Handler>(handler), std::move(request), executor_);
     if (!engine_) {
+      Op* op = Op::create(std::forward<Handler>(handler), std::move(request), executor_);
       return asio::post(executor_, [op] { Op::complete(op, Outcome(make_error_code(errc::not_open))); });
     }
-    const std::shared_ptr<detail::Engine>& engine = rails_.size() > 1 ? least_loaded() : engine_;
+    if (rails_.size() == 1)
+      return submit_to(engine_, Op::create(std::forward<Handler>(handler), std::move(request), executor_));
+    // Several endpoints: the operand is resolved here, once, to tell whether the transfer is
+    // striped; one that is not takes what was resolved to its endpoint.
+    const detail::ResolvedOperand resolved =
+        detail::resolve_operand(request.caller_context, request.direction, request.length);
+    if (resolved.error == errc{} && resolved.lists == 0 && resolved.length >= stripe_threshold_) {
+      return initiate_striped(std::forward<Handler>(handler), std::move(request),
+                              std::span<std::byte>(resolved.buffer, resolved.length), rails_.size());
+    }
+    Op* op = Op::create(std::forward<Handler>(handler), std::move(request), executor_);
+    op->resolved_before(resolved);
+    submit_to(least_loaded(), op);
+  }
+
+  template <typename Op>
+  void submit_to(const std::shared_ptr<detail::Engine>& engine, Op* op) {
     op->sequence = engine->next_sequence();
     auto slot = asio::get_associated_cancellation_slot(op->handler);
     if (slot.is_connected()) slot.template emplace<detail::Canceller>(engine, op, op->sequence);
@@ -689,7 +671,7 @@ class FabricService {
     using Join = detail::StripeJoin<C, std::decay_t<Handler>, executor_type>;
     using Part = detail::TransferOp<detail::StripePart, typename Join::PartDone, executor_type>;
     std::optional<CacheableSpan> cacheable;
-    if (!operand.empty()) cacheable = Operands<C>::cacheable_span(request.caller_context);
+    if (!operand.empty()) cacheable = detail::cacheable_span(request.caller_context);
     const TransferFields fields = request;
     constexpr std::size_t page = 4096;
     // A read with immediate data is refused at acceptance, on the one part that carries it.

@@ -25,6 +25,7 @@
 #include <asio/experimental/deferred.hpp>
 namespace dma::compat {
 using asio::experimental::as_tuple;
+using asio::experimental::as_tuple_t;
 using asio::experimental::deferred;
 }  // namespace dma::compat
 #else
@@ -32,6 +33,7 @@ using asio::experimental::deferred;
 #include <asio/deferred.hpp>
 namespace dma::compat {
 using asio::as_tuple;
+using asio::as_tuple_t;
 using asio::deferred;
 }  // namespace dma::compat
 #endif

@@ -43,44 +43,43 @@ namespace detail {
 /// Process-wide numbering of fabric threads: fabric-00, fabric-01, ...
 inline std::atomic<unsigned> fabric_thread_counter{0};
 
-/// The caller's context plus the operand the library resolved from it, for the checksum.
-template <typename Context>
+/// The caller's context plus the operand the library resolved from it, for the checksum. It
+/// offers exactly the operand members the caller's context has, so it resolves as the context
+/// would (detail::resolve_operand).
+template <TransferContext Context>
 struct Tracked {
   Context context;
   mutable std::span<const std::byte> operand;
 
-  std::optional<std::span<const std::byte>> source() const {
+  std::optional<std::span<const std::byte>> source() const requires requires(const Context& c) {
+    Operands<Context>::source(c);
+  }
+  {
     auto bytes = Operands<Context>::source(context);
     if (bytes) operand = *bytes;
     return bytes;
   }
-  std::optional<std::span<std::byte>> allocate(std::size_t length) {
+  std::optional<std::span<std::byte>> allocate(std::size_t length) requires requires(Context& c, std::size_t n) {
+    Operands<Context>::allocate(c, n);
+  }
+  {
     auto bytes = Operands<Context>::allocate(context, length);
     if (bytes) operand = bytes->first(std::min(length, bytes->size()));
     return bytes;
   }
-  std::optional<CacheableSpan> cacheable_span() const { return Operands<Context>::cacheable_span(context); }
-  std::optional<std::span<const std::span<const std::byte>>> sources() const {
-    if constexpr (requires { Operands<Context>::sources(context); }) {
-      return Operands<Context>::sources(context);
-    } else {
-      return std::nullopt;
-    }
+  std::optional<CacheableSpan> cacheable_span() const { return detail::cacheable_span(context); }
+  std::optional<std::span<const std::span<const std::byte>>> sources() const requires requires(const Context& c) {
+    Operands<Context>::sources(c);
   }
-  std::optional<std::span<const std::span<std::byte>>> landing() {
-    if constexpr (requires { Operands<Context>::landing(context); }) {
-      return Operands<Context>::landing(context);
-    } else {
-      return std::nullopt;
-    }
+  { return Operands<Context>::sources(context); }
+  std::optional<std::span<const std::span<std::byte>>> landing() requires requires(Context& c) {
+    Operands<Context>::landing(c);
   }
-  std::optional<std::span<const RemoteSegment>> remote_segments() const {
-    if constexpr (requires { Operands<Context>::remote_segments(context); }) {
-      return Operands<Context>::remote_segments(context);
-    } else {
-      return std::nullopt;
-    }
+  { return Operands<Context>::landing(context); }
+  std::optional<std::span<const RemoteSegment>> remote_segments() const requires requires(const Context& c) {
+    Operands<Context>::remote_segments(c);
   }
+  { return Operands<Context>::remote_segments(context); }
 
   /// The caller asked for a CRC: one over a list of buffers is computed by the engine, as the
   /// transfer completes, since the Pool sees only a single operand.
@@ -91,11 +90,12 @@ struct Tracked {
 
 /// The callback fabric service: one endpoint on a thread of its own (`fabric-NN`), whose
 /// completions reach a BatchCompleter in batches, with checksums computed on a Pool. Built on
-/// asynchronous::FabricService. Public member functions may be called from any thread.
+/// asynchronous::FabricService. Public member functions may be called from any thread, at the
+/// same time; the destructor must not run concurrently with any of them.
 ///
 /// Context is the caller's per-transfer context; it supplies the operand (see dma::Operands) and
 /// comes back by value in the Completion.
-template <typename Context>
+template <TransferContext Context>
 class FabricService {
   using Inner = asynchronous::FabricService<detail::Tracked<Context>, asio::io_context::executor_type>;
 
@@ -242,7 +242,7 @@ class FabricService {
   struct Handler {
     FabricService* self;
     bool want_checksum;
-    void operator()(Completion<detail::Tracked<Context>> completion) const {
+    void operator()(std::error_code, Completion<detail::Tracked<Context>> completion) const {
       self->collect(std::move(completion), want_checksum);
     }
   };

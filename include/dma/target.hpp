@@ -9,6 +9,7 @@
 #include <dma/config.hpp>
 #include <dma/configuration.hpp>
 #include <dma/detail/block_pool.hpp>
+#include <dma/detail/handler.hpp>
 #include <dma/endpoint.hpp>
 #include <dma/notification.hpp>
 
@@ -113,6 +114,8 @@ class Target {
  public:
   /// The executor progress runs on.
   using executor_type = asio::any_io_executor;
+  /// The token async_wait_written() uses when the caller names none: asio::use_awaitable_t<>.
+  using default_token_type = detail::default_token_t<executor_type>;
 
   /// What a peer may do to an exposed buffer.
   enum class Access {
@@ -200,18 +203,16 @@ class Target {
   /// cancellation slot or when the Target is destroyed. Waiters are served in the order they
   /// started. The handler never runs inside this call: it runs on its associated executor (by
   /// default the Target's), outside the Target's lock. Takes any Asio completion token.
-  template <typename CompletionToken>
-  auto async_wait_written(CompletionToken&& token) {
-    return asio::async_initiate<CompletionToken, wait_written_signature>(
-        [this](auto handler) {
-          using Waiter = detail::NotificationWaiterFor<std::decay_t<decltype(handler)>, executor_type>;
-          Waiter* waiter = Waiter::create(std::move(handler), get_executor());
-          waiter->id = next_waiter_id();
-          auto slot = asio::get_associated_cancellation_slot(waiter->handler);
-          if (slot.is_connected()) slot.template emplace<WaitCanceller>(state_, waiter->id);
-          start_wait(waiter);
-        },
-        token);
+  ///
+  /// @par Completion Signature
+  /// @code void(std::error_code, dma::WriteNotification) @endcode
+  ///
+  /// @par Per-Operation Cancellation
+  /// terminal, partial and total: the wait ends with asio::error::operation_aborted and takes no
+  /// notification; the next one goes to the next waiter or stays queued.
+  template <asio::completion_token_for<wait_written_signature> CompletionToken = default_token_type>
+  auto async_wait_written(CompletionToken&& token = default_token_type()) {
+    return asio::async_initiate<CompletionToken, wait_written_signature>(initiate_wait{this}, token);
   }
 
   /// What a notification callback receives: as async_wait_written's handler.
@@ -230,6 +231,22 @@ class Target {
   std::size_t notifications_queued() const;
 
  private:
+  // The initiation carries the Target's executor (Asio's convention for initiations).
+  struct initiate_wait {
+    Target* self;
+    using executor_type = Target::executor_type;
+    executor_type get_executor() const noexcept { return self->get_executor(); }
+    template <typename Handler>
+    void operator()(Handler&& handler) const {
+      using Waiter = detail::NotificationWaiterFor<std::decay_t<Handler>, executor_type>;
+      Waiter* waiter = Waiter::create(std::decay_t<Handler>(std::forward<Handler>(handler)), get_executor());
+      waiter->id = self->next_waiter_id();
+      auto slot = asio::get_associated_cancellation_slot(waiter->handler);
+      if (slot.is_connected()) slot.template emplace<WaitCanceller>(self->state_, waiter->id);
+      self->start_wait(waiter);
+    }
+  };
+
   struct WaitCanceller {
     WaitCanceller(std::shared_ptr<State> s, std::uint64_t i) noexcept : state(std::move(s)), id(i) {}
     std::shared_ptr<State> state;

@@ -6,6 +6,7 @@
 #include <dma/peer_address.hpp>
 
 #include <chrono>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -185,71 +186,63 @@ struct TransferRequest : TransferFields {
   }
 };
 
-/// How the library reaches the operand inside a context. The primary template calls the context's
-/// members when it has them (`source()`, `allocate(n)`, `cacheable_span()`); specialise it for
-/// types you cannot change. Returning an empty optional means "not supported".
+/// How the library reaches the operand inside a context. The primary template offers the
+/// context's members that exist (`source()`, `sources()`, `allocate(n)`, `landing()`,
+/// `remote_segments()`, `cacheable_span()`) and nothing for those that do not; specialise it for
+/// types you cannot change. Returning an empty optional means "not this time": the transfer fails
+/// with the error each member names. Which members there are decides what a context can do:
+/// see dma::WriteContext, dma::ReadContext and dma::TransferContext.
 template <typename Context, typename = void>
 struct Operands {
   /// ToPeer: the bytes to write, from `context.source()` (a contiguous range of 1-byte elements,
-  /// or an optional of one). Empty (no member, or an empty optional): the transfer fails with
-  /// errc::no_source. Called once, on the service's strand, before the transfer is posted.
-  static std::optional<std::span<const std::byte>> source(const Context& context) {
-    if constexpr (requires { context.source(); }) {
-      return to_bytes(context.source());
-    } else {
-      return std::nullopt;
-    }
+  /// or an optional of one). Empty: the transfer fails with errc::no_source. Called once per
+  /// transfer, before it is posted (on the service's strand; on the submitting thread for a
+  /// service with several endpoints).
+  static std::optional<std::span<const std::byte>> source(const Context& context) requires requires(const Context& c) {
+    c.source();
   }
+  { return to_bytes(context.source()); }
   /// FromPeer: where `length` bytes land, from `context.allocate(length)`. Empty: the transfer
   /// fails with errc::no_landing_buffer; fewer than `length` bytes: errc::landing_buffer_too_small.
-  /// Called once, on the service's strand, before the transfer is posted.
-  static std::optional<std::span<std::byte>> allocate(Context& context, std::size_t length) {
-    if constexpr (requires { context.allocate(length); }) {
-      return to_writable_bytes(context.allocate(length));
-    } else {
-      return std::nullopt;
-    }
+  /// Called once per transfer, before it is posted (as source()).
+  static std::optional<std::span<std::byte>> allocate(Context& context, std::size_t length) requires
+      requires(Context& c, std::size_t n) {
+    c.allocate(n);
   }
+  { return to_writable_bytes(context.allocate(length)); }
   /// ToPeer, a gather: several buffers written, in order, as one transfer, from
   /// `context.sources()` (a contiguous range of `std::span<const std::byte>`, or an optional of
-  /// one). When the context has it, source() is not asked. The buffers must stay valid and
+  /// one). When it gives a list, source() is not asked. The buffers must stay valid and
   /// unmodified until the completion, like the context itself. A gather takes as many posts as
   /// the provider's iov_limit requires, and completes once.
-  static std::optional<std::span<const std::span<const std::byte>>> sources(const Context& context) {
-    if constexpr (requires { context.sources(); }) {
-      return to_list<const std::byte>(context.sources());
-    } else {
-      return std::nullopt;
-    }
+  static std::optional<std::span<const std::span<const std::byte>>> sources(const Context& context) requires
+      requires(const Context& c) {
+    c.sources();
   }
+  { return to_list<const std::byte>(context.sources()); }
   /// FromPeer, a scatter: the buffers `length` bytes land in, in order, from `context.landing()`
-  /// (a contiguous range of `std::span<std::byte>`, or an optional of one). When the context has
-  /// it, allocate() is not asked; the buffers must total at least `length`
+  /// (a contiguous range of `std::span<std::byte>`, or an optional of one). When it gives a list,
+  /// allocate() is not asked; the buffers must total at least `length`
   /// (errc::landing_buffer_too_small otherwise), and bytes past it are not touched.
-  static std::optional<std::span<const std::span<std::byte>>> landing(Context& context) {
-    if constexpr (requires { context.landing(); }) {
-      return to_list<std::byte>(context.landing());
-    } else {
-      return std::nullopt;
-    }
+  static std::optional<std::span<const std::span<std::byte>>> landing(Context& context) requires requires(Context& c) {
+    c.landing();
   }
+  { return to_list<std::byte>(context.landing()); }
   /// Several remote segments, from `context.remote_segments()` (a contiguous range of
   /// RemoteSegment, or an optional of one): the transfer's bytes go to (or come from) them in
   /// order, and the request's remote_address and remote_key are not used. They must total the
   /// transfer's length (errc::segment_lengths_differ otherwise); an empty list fails with
   /// errc::no_remote_segment.
-  static std::optional<std::span<const RemoteSegment>> remote_segments(const Context& context) {
-    if constexpr (requires { context.remote_segments(); }) {
-      return to_segments(context.remote_segments());
-    } else {
-      return std::nullopt;
-    }
+  static std::optional<std::span<const RemoteSegment>> remote_segments(const Context& context) requires
+      requires(const Context& c) {
+    c.remote_segments();
   }
+  { return to_segments(context.remote_segments()); }
   /// From `context.cacheable_span()`, asked only where the provider needs local registration and
   /// only on a registration-cache miss. Returning a span is a promise: invalidate() will be called
   /// over it before any of its pages is unmapped, returned to the OS or discarded with madvise.
-  /// A span that does not contain the operand is ignored; empty (the default) registers just the
-  /// operand, for this transfer only.
+  /// A span that does not contain the operand is ignored; empty (the default, and a context
+  /// without the member) registers just the operand, for this transfer only.
   static std::optional<CacheableSpan> cacheable_span(const Context& context) {
     if constexpr (requires { context.cacheable_span(); }) {
       return context.cacheable_span();
@@ -325,5 +318,53 @@ requires(sizeof(Byte) == 1 && std::is_trivially_copyable_v<Byte>) struct Operand
   /// None: a vector may reallocate, so its memory is registered per transfer, never cached.
   static std::optional<CacheableSpan> cacheable_span(const std::vector<Byte, Allocator>&) { return std::nullopt; }
 };
+
+/// A context that can be the operand of a write: Operands gives it `source()` or `sources()`.
+template <typename Context>
+concept WriteContext = requires(const Context& context) {
+  Operands<Context>::source(context);
+}
+|| requires(const Context& context) { Operands<Context>::sources(context); };
+
+/// A context that can receive a read: Operands gives it `allocate(n)` or `landing()`.
+template <typename Context>
+concept ReadContext = requires(Context& context, std::size_t length) {
+  Operands<Context>::allocate(context, length);
+}
+|| requires(Context& context) { Operands<Context>::landing(context); };
+
+/// What a service's Context must be: an object type, default-constructible and movable (it goes
+/// into the request and comes back in the Completion), that supplies an operand for writes
+/// (WriteContext), reads (ReadContext) or both. A transfer in a direction its context cannot
+/// serve fails with errc::no_source (a write) or errc::no_landing_buffer (a read).
+template <typename Context>
+concept TransferContext = std::is_object_v<Context> && std::default_initializable<Context> &&
+    std::move_constructible<Context> &&(WriteContext<Context> || ReadContext<Context>);
+
+/// A write of context's operand into the advertised buffer `offset` bytes in, for client_id.
+template <WriteContext Context>
+TransferRequest<Context> write_to(const Advertisement& peer, std::uint64_t client_id, Context context,
+                                  std::uint64_t offset = 0) {
+  TransferRequest<Context> request;
+  request.client_id = client_id;
+  request.direction = Direction::ToPeer;
+  request.set_peer(peer, offset);
+  request.caller_context = std::move(context);
+  return request;
+}
+
+/// A read of `length` bytes of the advertised buffer, `offset` bytes in, into context's landing
+/// buffer, for client_id.
+template <ReadContext Context>
+TransferRequest<Context> read_from(const Advertisement& peer, std::uint64_t client_id, std::size_t length,
+                                   Context context, std::uint64_t offset = 0) {
+  TransferRequest<Context> request;
+  request.client_id = client_id;
+  request.direction = Direction::FromPeer;
+  request.length = length;
+  request.set_peer(peer, offset);
+  request.caller_context = std::move(context);
+  return request;
+}
 
 }  // namespace dma

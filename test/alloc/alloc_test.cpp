@@ -103,8 +103,9 @@ std::uint64_t allocations_over_window(asio::io_context& io, dma::asynchronous::F
   auto lane = [&](int index) -> asio::awaitable<void> {
     auto request = request_for(index);
     while (done < warm_up + window) {
-      auto [context, outcome] = co_await service.submit(request);
-      if (!outcome) ++failed;
+      auto [ec, completion] =
+          co_await service.submit(dma::TransferRequest<Context>(request), dma::compat::as_tuple(asio::use_awaitable));
+      if (ec) ++failed;
       if (++done == warm_up) {
         before = allocations.load();
         origins.start();

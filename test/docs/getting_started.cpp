@@ -13,27 +13,21 @@ using Service = dma::asynchronous::FabricService<Bytes>;
 
 // Writes 4 KiB of 0xab into the peer's buffer, then reads it back with a checksum.
 asio::awaitable<bool> write_then_read(Service& service, dma::Advertisement peer) {
-  dma::TransferRequest<Bytes> write;
-  write.client_id = 1;
-  write.set_peer(peer);
-  write.direction = dma::Direction::ToPeer;
-  write.caller_context = Bytes(4096, 0xab);
-  auto [sent, written] = co_await service.submit(std::move(write));
-  std::printf("write: %s, %zu bytes\n", written.message().c_str(), written->bytes);
-  if (!written) co_return false;
+  // as_tuple: a failure comes back as (ec, completion) instead of a thrown std::system_error.
+  auto write = dma::write_to(peer, /*client_id=*/1, Bytes(4096, 0xab));
+  auto [write_error, written] = co_await service.submit(std::move(write), dma::compat::as_tuple(asio::use_awaitable));
+  std::printf("write: %s, %zu bytes\n", written.outcome.message().c_str(), written.outcome->bytes);
+  if (write_error) co_return false;
 
-  dma::TransferRequest<Bytes> read;
-  read.client_id = 1;
-  read.set_peer(peer);
-  read.direction = dma::Direction::FromPeer;
-  read.length = 4096;
+  auto read = dma::read_from(peer, /*client_id=*/1, 4096, Bytes());
   read.want_checksum = true;
-  auto [landed, outcome] = co_await service.submit(std::move(read));
-  if (!outcome) {
-    std::printf("read failed: %s\n", outcome.message().c_str());
+  auto [read_error, landed] = co_await service.submit(std::move(read), dma::compat::as_tuple(asio::use_awaitable));
+  if (read_error) {
+    std::printf("read failed: %s\n", landed.outcome.message().c_str());
     co_return false;
   }
-  std::printf("read %zu bytes (first 0x%02x), crc 0x%08x\n", landed.size(), landed[0], *outcome->checksum);
+  const Bytes& bytes = landed.caller_context;
+  std::printf("read %zu bytes (first 0x%02x), crc 0x%08x\n", bytes.size(), bytes[0], *landed.outcome->checksum);
   co_return true;
 }
 

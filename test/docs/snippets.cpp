@@ -6,6 +6,7 @@
 #include <asio/bind_cancellation_slot.hpp>
 #include <asio/cancellation_signal.hpp>
 #include <asio/io_context.hpp>
+#include <asio/redirect_error.hpp>
 #include <asio/use_awaitable.hpp>
 #include <asio/use_future.hpp>
 
@@ -31,7 +32,7 @@ void gather(dma::asynchronous::FabricService<Gather>& service, const dma::Advert
   request.client_id = 7;
   request.set_peer(peer);
   request.caller_context.parts = {header, body};
-  service.submit(std::move(request), [](dma::Completion<Gather>) {});
+  service.submit(std::move(request), [](std::error_code, dma::Completion<Gather>) {});
 }
 
 void expose(const dma::Configuration& configuration) {
@@ -79,10 +80,11 @@ struct Slice {  // both directions, memory owned elsewhere
 };
 
 using Service = dma::asynchronous::FabricService<Bytes>;
+using TupleService = dma::compat::as_tuple_t<asio::use_awaitable_t<>>::as_default_on_t<Service>;
 
 asio::awaitable<void> submit(Service& service, dma::TransferRequest<Bytes> request, dma::TransferRequest<Bytes> other) {
-  dma::Completion<Bytes> completion = co_await service.submit(std::move(request));
-  auto [context, outcome] = co_await service.submit(std::move(other));  // the same, unpacked
+  auto [ec, completion] = co_await service.submit(std::move(request), dma::compat::as_tuple(asio::use_awaitable));
+  dma::Completion<Bytes> done = co_await service.submit(std::move(other));  // throws on failure
 }
 
 struct MyContext {
@@ -123,23 +125,29 @@ void check(const dma::Completion<Bytes>& completion) {
 
 asio::awaitable<void> tokens(Service& service, dma::TransferRequest<Bytes> request) {
   // Callback. Runs on the service's executor unless the handler has an associated executor.
-  service.submit(std::move(request), [](dma::Completion<Bytes> completion) { /* ... */ });
+  service.submit(std::move(request), [](std::error_code, dma::Completion<Bytes> completion) { /* ... */ });
 
-  // Future. Call get() from a thread that is not running `io`.
+  // Future. Call get() from a thread that is not running `io`; it throws std::system_error on failure.
   std::future<dma::Completion<Bytes>> future = service.submit(std::move(request), asio::use_future);
 
   // Deferred. Nothing starts until the operation is invoked with a token.
   auto operation = service.submit(std::move(request), dma::compat::deferred);
-  std::move(operation)([](dma::Completion<Bytes> completion) { /* ... */ });
+  std::move(operation)([](std::error_code, dma::Completion<Bytes> completion) { /* ... */ });
 
-  // as_tuple. The completion is wrapped in a std::tuple.
-  auto [completion] = co_await service.submit(std::move(request), dma::compat::as_tuple(asio::use_awaitable));
+  // as_tuple. The error and the completion, in a std::tuple.
+  auto [ec, completion] = co_await service.submit(std::move(request), dma::compat::as_tuple(asio::use_awaitable));
+
+  // redirect_error. The error goes to `error`; the completion is returned either way.
+  std::error_code error;
+  dma::Completion<Bytes> done =
+      co_await service.submit(std::move(request), asio::redirect_error(asio::use_awaitable, error));
 }
 
 void cancel(Service& service, dma::TransferRequest<Bytes> request) {
   asio::cancellation_signal signal;
   service.submit(std::move(request),
-                 asio::bind_cancellation_slot(signal.slot(), [](dma::Completion<Bytes> completion) { /* ... */ }));
+                 asio::bind_cancellation_slot(signal.slot(),
+                                              [](std::error_code, dma::Completion<Bytes> completion) { /* ... */ }));
   signal.emit(asio::cancellation_type::terminal);
 }
 

@@ -106,7 +106,7 @@ struct Ledger {
   std::size_t delivered = 0;
 
   auto handler(int id) {
-    return [this, id](dma::Completion<Payload> c) {
+    return [this, id](std::error_code, dma::Completion<Payload> c) {
       outcomes[id].push_back(c.outcome);
       at[id] = Clock::now();
       ++delivered;
@@ -584,7 +584,7 @@ TEST_CASE("a segmented write handed back by another's deadline goes again and la
   read.set_peer(frozen.ad);
   read.direction = dma::Direction::FromPeer;
   read.length = size;
-  service.submit(std::move(read), [&](dma::Completion<Payload> c) {
+  service.submit(std::move(read), [&](std::error_code, dma::Completion<Payload> c) {
     INFO(c.outcome.message());
     REQUIRE(c.outcome.ok());
     CHECK(std::equal(c.caller_context.bytes.begin(), c.caller_context.bytes.end(), expected.begin()));
@@ -881,7 +881,7 @@ TEST_CASE("100 torn-down and rebuilt connections and 100 endpoint replacements l
     warm.set_peer(peer.ad);
     warm.caller_context.bytes = small_bytes;
     bool warmed = false;
-    big_service.submit(std::move(warm), [&](dma::Completion<Shared> c) { warmed = c.outcome.ok(); });
+    big_service.submit(std::move(warm), [&](std::error_code, dma::Completion<Shared> c) { warmed = c.outcome.ok(); });
     REQUIRE(run_until(
         io, [&] { return warmed; }, 10s));
     peer.child->signal(SIGSTOP);
@@ -893,7 +893,8 @@ TEST_CASE("100 torn-down and rebuilt connections and 100 endpoint replacements l
     const auto posted = big_service.metrics().posted;
     const std::size_t want = cancelled_done + 1;
     big_service.submit(std::move(big),
-                       asio::bind_cancellation_slot(signal.slot(), [&](dma::Completion<Shared>) { ++cancelled_done; }));
+                       asio::bind_cancellation_slot(
+                           signal.slot(), [&](std::error_code, dma::Completion<Shared>) { ++cancelled_done; }));
     REQUIRE(run_until(
         io, [&] { return big_service.metrics().posted > posted; }, 10s));
     signal.emit(asio::cancellation_type::terminal);  // the peer is frozen: still in flight
@@ -954,7 +955,7 @@ TEST_CASE("a peer killed mid-stripe fails each striped or segmented write once",
     r.client_id = 1;
     r.set_peer(peer.ad);
     r.caller_context = {buffer, id};
-    service.submit(std::move(r), [&](dma::Completion<Slice> done) {
+    service.submit(std::move(r), [&](std::error_code, dma::Completion<Slice> done) {
       ++calls[done.caller_context.id];
       if (done.outcome.ok()) ++ok;
       // Killed from the second completion's handler, so the rest are still posted or queued

@@ -102,7 +102,8 @@ TEST_CASE("a cut link fails posted transfers at their deadline, and the healed l
     request.client_id = 1;
     request.set_peer(ad);
     request.caller_context.bytes.assign(size, std::byte{0x5a});
-    service.submit(std::move(request), [&, id](dma::Completion<Payload> c) { outcomes[id].push_back(c.outcome); });
+    service.submit(std::move(request),
+                   [&, id](std::error_code, dma::Completion<Payload> c) { outcomes[id].push_back(c.outcome); });
   };
 
   submit(0, 4096);

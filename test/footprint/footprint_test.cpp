@@ -71,7 +71,7 @@ std::size_t targets_cost(std::size_t count) {
     request.client_id = 1;
     request.set_peer(region.advertisement(), 0);
     request.direction = dma::Direction::ToPeer;
-    service.submit(std::move(request), [&](dma::Completion<Context> c) {
+    service.submit(std::move(request), [&](std::error_code, dma::Completion<Context> c) {
       CHECK(c.outcome.ok());
       ++written;
     });

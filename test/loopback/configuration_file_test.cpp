@@ -17,7 +17,8 @@ TEST_CASE("a service opened from config/tcp.toml writes into a target opened fro
       io,
       [&]() -> asio::awaitable<dma::Completion<test::Payload>> {
         auto request = remote.request(dma::Direction::ToPeer, test::Payload{bytes});  // named: see getting-started
-        co_return co_await service.submit(std::move(request));
+        auto [ec, completion] = co_await service.submit(std::move(request), dma::compat::as_tuple(asio::use_awaitable));
+        co_return std::move(completion);
       },
       asio::use_future);
   REQUIRE(test::run_until(io, future));

@@ -132,7 +132,7 @@ TEST_CASE("a service on an address this host does not have fails to open with a 
 TEST_CASE("submitting on a closed service completes with not_open", "[loopback][endpoint]") {
   asio::io_context io;
   dma::asynchronous::FabricService<test::Payload> service(io.get_executor());
-  auto future = service.submit(dma::TransferRequest<test::Payload>{}, asio::use_future);
+  auto future = service.submit(dma::TransferRequest<test::Payload>{}, test::completion_future());
   REQUIRE(test::run_until(io, future));
   CHECK(future.get().outcome.error() == dma::errc::not_open);
 }

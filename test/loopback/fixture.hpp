@@ -96,6 +96,12 @@ class RemoteBuffer {
   std::thread thread_;
 };
 
+/// A use_future token whose future holds the Completion whether the transfer succeeded or not
+/// (plain asio::use_future throws the error from get() and loses the context).
+inline auto completion_future() {
+  return asio::use_future([](std::error_code, auto completion) { return completion; });
+}
+
 /// Runs io until future is ready or the bound passes; returns whether it became ready.
 template <typename T>
 bool run_until(asio::io_context& io, std::future<T>& future,
@@ -117,7 +123,7 @@ dma::Completion<Context> await_one(asio::io_context& io, dma::asynchronous::Fabr
                                    std::size_t* in_flight = nullptr) {
   std::promise<dma::Completion<Context>> promise;
   auto future = promise.get_future();
-  service.submit(std::move(request), [&, calls, in_flight](dma::Completion<Context> c) {
+  service.submit(std::move(request), [&, calls, in_flight](std::error_code, dma::Completion<Context> c) {
     if (calls != nullptr) ++*calls;
     if (in_flight != nullptr) *in_flight = service.metrics().posts_in_flight;
     promise.set_value(std::move(c));
@@ -131,7 +137,12 @@ template <typename Context>
 dma::Completion<Context> co_await_one(asio::io_context& io, dma::asynchronous::FabricService<Context>& service,
                                       dma::TransferRequest<Context> request) {
   auto future = asio::co_spawn(
-      io, [&]() -> asio::awaitable<dma::Completion<Context>> { co_return co_await service.submit(std::move(request)); },
+      io,
+      [&]() -> asio::awaitable<dma::Completion<Context>> {
+        auto [ec, completion] = co_await service.submit(std::move(request), dma::compat::as_tuple(asio::use_awaitable));
+        CHECK(ec == completion.outcome.error());
+        co_return std::move(completion);
+      },
       asio::use_future);
   REQUIRE(run_until(io, future, std::chrono::seconds(60)));
   return future.get();
@@ -157,7 +168,8 @@ std::pair<dma::Completion<Context>, int> cancel_while_frozen(asio::io_context& i
   std::promise<dma::Completion<Context>> promise;
   auto future = promise.get_future();
   int calls = 0;
-  service.submit(std::move(request), asio::bind_cancellation_slot(signal.slot(), [&](dma::Completion<Context> c) {
+  service.submit(std::move(request),
+                 asio::bind_cancellation_slot(signal.slot(), [&](std::error_code, dma::Completion<Context> c) {
                    if (++calls == 1) promise.set_value(std::move(c));
                  }));
   run_for(io, std::chrono::milliseconds(50));

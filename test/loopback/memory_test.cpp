@@ -23,7 +23,7 @@ struct Slice {
 template <typename Context>
 dma::Completion<Context> run_one(asio::io_context& io, dma::asynchronous::FabricService<Context>& service,
                                  dma::TransferRequest<Context> request) {
-  auto future = service.submit(std::move(request), asio::use_future);
+  auto future = service.submit(std::move(request), test::completion_future());
   REQUIRE(test::run_until(io, future));
   return future.get();
 }
@@ -133,7 +133,8 @@ TEST_CASE("dropping a MemoryRegion while a transfer from it is in flight neither
   const auto expected = region.storage();
 
   // The context holds only a view, not a copy of the region: the registration must keep it alive.
-  auto transfer = service.submit(remote.request(dma::Direction::ToPeer, Slice{region.bytes(), {}}), asio::use_future);
+  auto transfer =
+      service.submit(remote.request(dma::Direction::ToPeer, Slice{region.bytes(), {}}), test::completion_future());
   // Run the service just until the write is posted; without the initiator's progress it cannot finish.
   for (int i = 0; i < 5000 && service.metrics().posted < 1; ++i) {
     io.restart();

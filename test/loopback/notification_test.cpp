@@ -45,7 +45,7 @@ std::size_t write_with_data(asio::io_context& io, Service& service, const test::
     auto r =
         remote.request(Direction::ToPeer, test::Payload{test::pattern(64, static_cast<unsigned>(i))}, 0, (i % 64) * 64);
     r.immediate_data = first + i;
-    service.submit(std::move(r), [&](dma::Completion<test::Payload> c) {
+    service.submit(std::move(r), [&](std::error_code, dma::Completion<test::Payload> c) {
       ++done;
       if (c.outcome.ok()) ++ok;
     });

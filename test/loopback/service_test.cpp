@@ -110,7 +110,7 @@ TEST_CASE("10,000 transfers with 64 in flight each complete exactly once", "[loo
     bytes[0] = static_cast<std::byte>(index & 0xff);
     auto request = remote.request(Direction::ToPeer, test::Payload{std::move(bytes)}, 0, (index % 64) * slot);
     request.client_id = static_cast<std::uint64_t>(index);  // the context's id travels in client_id too
-    service.submit(std::move(request), [&, index](dma::Completion<test::Payload> c) {
+    service.submit(std::move(request), [&, index](std::error_code, dma::Completion<test::Payload> c) {
       ++seen[static_cast<std::size_t>(index)];
       if (!c.outcome) ++failures;
       ++done;
@@ -174,13 +174,13 @@ TEST_CASE("a transfer submitted from a completion handler gets its whole deadlin
   std::chrono::steady_clock::time_point resubmitted;
   auto first = remote.request(Direction::ToPeer, test::Payload{test::pattern(64, 2)});
   first.deadline = std::chrono::seconds(20);
-  service.submit(std::move(first), [&](dma::Completion<test::Payload> c) {
+  service.submit(std::move(first), [&](std::error_code, dma::Completion<test::Payload> c) {
     REQUIRE(c.outcome.ok());
     remote.pause();
     auto next = remote.request(Direction::ToPeer, test::Payload{test::pattern(64, 3)});
     next.deadline = std::chrono::milliseconds(400);
     resubmitted = std::chrono::steady_clock::now();
-    service.submit(std::move(next), [&](dma::Completion<test::Payload> d) { second = std::move(d); });
+    service.submit(std::move(next), [&](std::error_code, dma::Completion<test::Payload> d) { second = std::move(d); });
   });
   const auto start = std::chrono::steady_clock::now();
   const auto bound = start + std::chrono::seconds(20);
@@ -271,12 +271,14 @@ TEST_CASE("a malformed peer address is rejected with its own error and nothing i
 }
 
 TEST_CASE("a context without a source fails a write with no_source", "[loopback][operands]") {
-  struct NoSource {};
+  struct NoSource {  // a read-only context: it serves reads, and a write has nothing to send
+    std::span<std::byte> allocate(std::size_t) { return {}; }
+  };
   asio::io_context io;
   dma::asynchronous::FabricService<NoSource> service(io, test::loopback_configuration());
   dma::TransferRequest<NoSource> request;
   request.peer_address = {2, 0, 0x30, 0x39, 127, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0};
-  auto future = service.submit(std::move(request), asio::use_future);
+  auto future = service.submit(std::move(request), test::completion_future());
   REQUIRE(test::run_until(io, future));
   CHECK(future.get().outcome.error() == dma::errc::no_source);
 }
@@ -292,7 +294,7 @@ TEST_CASE("a landing buffer shorter than the read fails with landing_buffer_too_
   request.peer_address = {2, 0, 0x30, 0x39, 127, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0};
   request.direction = Direction::FromPeer;
   request.length = 64;
-  auto future = service.submit(std::move(request), asio::use_future);
+  auto future = service.submit(std::move(request), test::completion_future());
   REQUIRE(test::run_until(io, future));
   CHECK(future.get().outcome.error() == dma::errc::landing_buffer_too_small);
 }
@@ -307,7 +309,7 @@ TEST_CASE("every completion token works: callback, use_awaitable, deferred, use_
   };
 
   std::optional<dma::Completion<test::Payload>> by_callback;
-  service.submit(request(0), [&](dma::Completion<test::Payload> c) { by_callback = std::move(c); });
+  service.submit(request(0), [&](std::error_code, dma::Completion<test::Payload> c) { by_callback = std::move(c); });
 
   auto by_awaitable = asio::co_spawn(
       io, [&]() -> asio::awaitable<bool> { co_return (co_await service.submit(request(1))).outcome.ok(); },
@@ -315,15 +317,15 @@ TEST_CASE("every completion token works: callback, use_awaitable, deferred, use_
 
   auto deferred = service.submit(request(2), dma::compat::deferred);
   std::optional<dma::Completion<test::Payload>> by_deferred;
-  std::move(deferred)([&](dma::Completion<test::Payload> c) { by_deferred = std::move(c); });
+  std::move(deferred)([&](std::error_code, dma::Completion<test::Payload> c) { by_deferred = std::move(c); });
 
   auto by_future = service.submit(request(3), asio::use_future);
 
   auto by_tuple = asio::co_spawn(
       io,
       [&]() -> asio::awaitable<bool> {
-        auto [c] = co_await service.submit(request(4), dma::compat::as_tuple(asio::use_awaitable));
-        co_return c.outcome.ok();
+        auto [ec, c] = co_await service.submit(request(4), dma::compat::as_tuple(asio::use_awaitable));
+        co_return !ec && c.outcome.ok();
       },
       asio::use_future);
 
@@ -358,7 +360,7 @@ TEST_CASE("a submission from a foreign thread completes on the service's executo
   auto future = result.get_future();
   std::thread foreign([&] {
     service.submit(remote.request(Direction::ToPeer, test::Payload{test::pattern(4096, 9)}),
-                   [&](dma::Completion<test::Payload> c) {
+                   [&](std::error_code, dma::Completion<test::Payload> c) {
                      result.set_value({c.outcome.ok(), std::this_thread::get_id()});
                    });
   });
@@ -399,7 +401,7 @@ TEST_CASE("a handler bound to another executor runs there, and that executor's r
   bool ok = false, ran = false;
   std::thread::id ran_on;
   service.submit(remote.request(Direction::ToPeer, test::Payload{test::pattern(4096, 5)}),
-                 asio::bind_executor(other, [&](dma::Completion<test::Payload> c) {
+                 asio::bind_executor(other, [&](std::error_code, dma::Completion<test::Payload> c) {
                    ok = c.outcome.ok();
                    ran = true;
                    ran_on = std::this_thread::get_id();
@@ -432,7 +434,7 @@ TEST_CASE("the service works on an io_context run by several threads", "[loopbac
     submitters.emplace_back([&, t] {
       for (int i = t; i < total; i += 2) {
         service.submit(remote.request(Direction::ToPeer, test::Payload{test::pattern(128, i)}, 0, (i % 64) * 128),
-                       [&, i](dma::Completion<test::Payload> c) {
+                       [&, i](std::error_code, dma::Completion<test::Payload> c) {
                          seen[static_cast<std::size_t>(i)].fetch_add(1);
                          (c.outcome ? ok : failed).fetch_add(1);
                        });
@@ -465,7 +467,8 @@ TEST_CASE("cancelling a transfer that is not yet posted completes it with operat
   request.caller_context.bytes.assign(64, std::byte{0xab});
   asio::cancellation_signal signal;
   std::optional<dma::Completion<test::Payload>> completion;
-  service.submit(std::move(request), asio::bind_cancellation_slot(signal.slot(), [&](dma::Completion<test::Payload> c) {
+  service.submit(std::move(request),
+                 asio::bind_cancellation_slot(signal.slot(), [&](std::error_code, dma::Completion<test::Payload> c) {
                    completion = std::move(c);
                  }));
   io.run_for(std::chrono::milliseconds(50));
@@ -487,7 +490,7 @@ TEST_CASE("closing the service delivers every accepted transfer exactly once", "
     Service service(io, test::loopback_configuration());
     for (int i = 0; i < 200; ++i) {
       service.submit(remote.request(Direction::ToPeer, test::Payload{test::pattern(64, i)}, 0, (i % 64) * 64),
-                     [&, i](dma::Completion<test::Payload>) { ++seen[i]; });
+                     [&, i](std::error_code, dma::Completion<test::Payload>) { ++seen[i]; });
     }
   }  // destroyed before the io_context ran a single handler
   io.run_for(std::chrono::seconds(10));
@@ -614,7 +617,7 @@ TEST_CASE("a service destroyed while it polls completes everything and never rea
         Service service(io, configuration);
         for (int i = 0; i < 8; ++i) {
           service.submit(remote.request(Direction::ToPeer, test::Payload{test::pattern(64, i)}, 0, i * 64),
-                         [&](dma::Completion<test::Payload>) { ++completed; });
+                         [&](std::error_code, dma::Completion<test::Payload>) { ++completed; });
         }
         for (int step = 0; step < round; ++step)
           io.poll_one();  // stop at a different point of the passes each round
@@ -650,7 +653,7 @@ TEST_CASE("a drained batch's first resubmission of 64 KiB or more is posted befo
       std::function<void(int)> lane = [&](int index) {
         service.submit(remote.request(Direction::ToPeer, test::Payload{test::pattern(size, index)}, 0,
                                       static_cast<std::size_t>(index % 16) * size),
-                       [&, index](dma::Completion<test::Payload> c) {
+                       [&, index](std::error_code, dma::Completion<test::Payload> c) {
                          if (!c.outcome) ++failures;
                          const auto m = service.metrics();
                          const bool again = ++completed + 16 <= total;
@@ -694,7 +697,7 @@ TEST_CASE("an idle service keeps nothing pending: io_context::run() returns with
       std::chrono::steady_clock::time_point last;
       std::function<void(int)> lane = [&](int index) {
         service.submit(remote.request(Direction::ToPeer, test::Payload{test::pattern(64, index)}, 0, (index % 16) * 64),
-                       [&, index](dma::Completion<test::Payload> c) {
+                       [&, index](std::error_code, dma::Completion<test::Payload> c) {
                          if (!c.outcome) ++failures;
                          last = std::chrono::steady_clock::now();
                          if (++completed + depth <= 200) lane(index + depth);
@@ -729,7 +732,7 @@ TEST_CASE("in fd mode one transfer at a time costs one wake-up, not an extra emp
     int completed = 0, failures = 0;
     std::function<void(int)> next = [&](int i) {
       service.submit(remote.request(Direction::ToPeer, test::Payload{test::pattern(64, i)}, 0, 0),
-                     [&, i](dma::Completion<test::Payload> c) {
+                     [&, i](std::error_code, dma::Completion<test::Payload> c) {
                        if (!c.outcome) ++failures;
                        if (++completed < transfers) next(i + 1);
                      });
@@ -741,8 +744,8 @@ TEST_CASE("in fd mode one transfer at a time costs one wake-up, not an extra emp
             for (int i = 0; i < transfers; ++i) {
               // A named request: GCC 12 destroys a braced temporary inside a co_await expression twice.
               auto request = remote.request(Direction::ToPeer, test::Payload{test::pattern(64, i)}, 0, 0);
-              auto c = co_await service.submit(std::move(request));
-              if (!c.outcome) ++failures;
+              auto [ec, c] = co_await service.submit(std::move(request), dma::compat::as_tuple(asio::use_awaitable));
+              if (ec) ++failures;
               ++completed;
             }
           },

@@ -73,7 +73,7 @@ TEST_CASE("transfers below the stripe threshold go to one endpoint, the least lo
   for (int i = 0; i < 64; ++i) {
     service.submit(remote.request(Direction::ToPeer, test::Payload{test::pattern(1024, static_cast<unsigned>(i))}, 0,
                                   static_cast<std::uint64_t>(i) * 1024),
-                   [&](dma::Completion<test::Payload> c) {
+                   [&](std::error_code, dma::Completion<test::Payload> c) {
                      ++done;
                      if (c.outcome.ok()) ++ok;
                    });

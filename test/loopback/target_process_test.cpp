@@ -43,7 +43,7 @@ TEST_CASE("a write reaches a target in another process, which verifies it", "[lo
   request.remote_address = peer.remote_address;
   request.want_checksum = true;
   request.caller_context.bytes.assign(4096, std::byte{0xab});
-  auto future = service.submit(std::move(request), asio::use_future);
+  auto future = service.submit(std::move(request), test::completion_future());
   REQUIRE(test::run_until(io, future));
   const auto completion = future.get();
 
@@ -68,7 +68,7 @@ TEST_CASE("a read returns what a target in another process serves", "[loopback][
   request.remote_address = peer.remote_address;
   request.direction = dma::Direction::FromPeer;
   request.length = 4096;
-  auto future = service.submit(std::move(request), asio::use_future);
+  auto future = service.submit(std::move(request), test::completion_future());
   REQUIRE(test::run_until(io, future));
   const auto completion = future.get();
 
@@ -89,7 +89,7 @@ TEST_CASE("a killed target fails the transfers that were waiting on it", "[loopb
   request.peer_address = peer.address;
   request.remote_key = peer.remote_key;
   request.caller_context.bytes.assign(4096, std::byte{0xab});
-  auto future = service.submit(std::move(request), asio::use_future);
+  auto future = service.submit(std::move(request), test::completion_future());
   REQUIRE(test::run_until(io, future));
   const auto completion = future.get();
   INFO(completion.outcome.message());

@@ -147,7 +147,7 @@ std::string server_info(Resp& resp, const std::string& field) {
 class Peer {
  public:
   explicit Peer(std::size_t size, bool running = true)
-      : target_(io_, configuration()), work_(asio::make_work_guard(io_)), memory_(size) {
+      : target_(io_, loopback_configuration()), work_(asio::make_work_guard(io_)), memory_(size) {
     region_ = target_.expose(memory_);
     if (running) resume();
   }
@@ -169,11 +169,6 @@ class Peer {
   }
 
  private:
-  static dma::Configuration configuration() {
-    dma::Configuration c;
-    c.bind = "127.0.0.1";
-    return c;
-  }
   asio::io_context io_;
   dma::Target target_;
   asio::executor_work_guard<asio::io_context::executor_type> work_;
@@ -448,9 +443,10 @@ TEST_CASE("DMA.HELLO binds one fabric address of the client's own host per conne
   const auto id = resp.command({"CLIENT", "ID"}).integer;
   const auto reply = resp.command({"DMA.HELLO", peer.address_hex()});
   REQUIRE(reply.type == kv::resp::Reply::Type::array);
-  REQUIRE(reply.elements.size() == 3);
+  REQUIRE(reply.elements.size() == 4);
   CHECK(reply.elements[1].integer == id);
   CHECK(reply.elements[2].integer == 16 << 20);
+  CHECK(reply.elements[3].text == "reply");  // tcp confirms delivery
   require_error(resp.command({"DMA.HELLO", peer.address_hex()}), "already sent");
   CHECK(info_value(resp, "hellos_rejected") == 2);
   CHECK(info_value(resp, "dma_clients") == 1);
@@ -684,6 +680,28 @@ TEST_CASE("a DMA.SET reaches the append-only file: DEBUG LOADAOF brings the valu
   CHECK(empty.text.empty());
 }
 
+// The rule of docs/side-channel.md#confirmation, forced on tcp: a DMA.GET with a token is written
+// with it as immediate data, and dma-kv-client reads each value only after that notification.
+TEST_CASE("at confirm-gets notification dma-kv-client's 8 clients read every byte after their notification",
+          "[module]") {
+  ModuleServer server({}, {"confirm-gets", "notification"});
+  Peer peer(4096);
+  Resp resp(server.port());
+  const auto hello = resp.command({"DMA.HELLO", peer.address_hex()});
+  REQUIRE(hello.type == kv::resp::Reply::Type::array);
+  REQUIRE(hello.elements.size() == 4);
+  CHECK(hello.elements[3].text == "notification");
+  require_ok(resp.command({"SET", "k", "v"}));
+  auto too_wide = peer.window("DMA.GET", "k", 4096);
+  too_wide.push_back("4294967296");
+  require_error(resp.command(too_wide), "invalid token '4294967296'");
+
+  Child run(client(server, bench({"--clients", "8", "--ops", "100", "--sizes", "1-256K", "--keys", "4"})));
+  const auto gets = require_notified_bench(run);
+  CHECK(static_cast<double>(info_value(resp, "gets_notified")) == gets);
+  CHECK(info_field(resp, "get_confirmation") == "notification");
+}
+
 TEST_CASE("the module takes its configuration from its arguments: keys, or a TOML file", "[module]") {
   {
     ModuleServer server(
@@ -708,6 +726,7 @@ TEST_CASE("the module takes its configuration from its arguments: keys, or a TOM
       {{"colour", "blue"}, "unknown argument 'colour'"},
       {{"config"}, "has no value"},
       {{"config", bad_file}, "no_such_key"},
+      {{"confirm-gets", "sometimes"}, "confirm-gets takes auto, reply or notification"},
   };
   for (const auto& [arguments, reason] : refusals) {
     std::vector<std::string> all{module_server_program(), "--port", std::to_string(free_port())};

@@ -26,7 +26,8 @@ bool skipped = false;
 // A passive fabric peer in the test process, with one buffer, progressed on its own thread.
 class Peer {
  public:
-  explicit Peer(std::size_t size) : target_(io_, configuration()), work_(asio::make_work_guard(io_)), memory_(size) {
+  explicit Peer(std::size_t size)
+      : target_(io_, loopback_configuration()), work_(asio::make_work_guard(io_)), memory_(size) {
     region_ = target_.expose(memory_);
     thread_ = std::thread([this] { io_.run(); });
   }
@@ -48,11 +49,6 @@ class Peer {
   std::span<std::byte> memory() { return memory_; }
 
  private:
-  static dma::Configuration configuration() {
-    dma::Configuration c;
-    c.bind = "127.0.0.1";
-    return c;
-  }
   asio::io_context io_;
   dma::Target target_;
   asio::executor_work_guard<asio::io_context::executor_type> work_;

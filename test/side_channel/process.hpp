@@ -47,6 +47,13 @@ inline std::string program(const char* variable, const char* relative) {
 inline std::string server_program() { return program("DMA_KV_SERVER", "dma-kv-server"); }
 inline std::string client_program() { return program("DMA_KV_CLIENT", "dma-kv-client"); }
 
+/// A test's own Target: tcp on 127.0.0.1, like the server it talks to.
+inline dma::Configuration loopback_configuration() {
+  dma::Configuration c;
+  c.bind = "127.0.0.1";
+  return c;
+}
+
 /// Whether a program is on PATH.
 inline bool on_path(const std::string& name) {
   std::stringstream in(std::getenv("PATH") ? std::getenv("PATH") : "/usr/bin:/bin");
@@ -355,6 +362,21 @@ inline double json_number(const std::string& json, const std::string& arm, const
   const auto field = json.find("\"" + key + "\": ", at);
   if (field == std::string::npos) return -1;
   return std::stod(json.substr(field + key.size() + 4));
+}
+
+/// Reads a `bench --json` child to its end under notification confirmation, and checks it: exit 0,
+/// no error or mismatch, and every GET read after its notification (with sizes from 1 B no value is
+/// empty, so each is written). Returns how many GETs it made.
+inline double require_notified_bench(Child& bench) {
+  const auto json = bench.rest(120s);
+  INFO("bench printed: " << json);
+  CHECK(bench.wait(20s) == 0);
+  CHECK(json_number(json, "dma", "errors") == 0);
+  CHECK(json_number(json, "dma", "mismatches") == 0);
+  const auto gets = json_number(json, "dma", "gets");
+  CHECK(gets > 0);
+  CHECK(json_number(json, "dma", "notified") == gets);
+  return gets;
 }
 
 }  // namespace side_channel_test

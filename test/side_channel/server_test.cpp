@@ -15,7 +15,8 @@ namespace {
 // A passive peer in the test process, with one buffer, progressed on its own thread.
 class Peer {
  public:
-  explicit Peer(std::size_t size) : target_(io_, configuration()), work_(asio::make_work_guard(io_)), memory_(size) {
+  explicit Peer(std::size_t size)
+      : target_(io_, loopback_configuration()), work_(asio::make_work_guard(io_)), memory_(size) {
     region_ = target_.expose(memory_);
     thread_ = std::thread([this] { io_.run(); });
   }
@@ -30,11 +31,6 @@ class Peer {
   std::span<std::byte> memory() { return memory_; }
 
  private:
-  static dma::Configuration configuration() {
-    dma::Configuration c;
-    c.bind = "127.0.0.1";
-    return c;
-  }
   asio::io_context io_;
   dma::Target target_;
   asio::executor_work_guard<asio::io_context::executor_type> work_;
@@ -145,7 +141,8 @@ TEST_CASE("a HELLO naming another host's fabric address is refused unless the se
   Resp resp(trusting.port());
   const auto hello = resp.command({"DMA.HELLO", sockaddr_hex("127.0.0.2", 4000)});
   REQUIRE(hello.type == kv::resp::Reply::Type::array);
-  CHECK(hello.elements.size() == 3);
+  REQUIRE(hello.elements.size() == 4);
+  CHECK(hello.elements[3].text == "reply");  // tcp confirms delivery (confirmation_test.cpp has the rest)
   require_error(resp.command({"DMA.HELLO", sockaddr_hex("127.0.0.2", 4000)}), "already sent");
 }
 

@@ -25,8 +25,8 @@ TEST_CASE("an idle service with a connected peer uses under 1% of a core", "[slo
   configuration.wait_mode = mode;
   dma::asynchronous::FabricService<test::Payload> service(io, configuration);
 
-  auto first =
-      service.submit(remote.request(dma::Direction::ToPeer, test::Payload{test::pattern(4096, 1)}), asio::use_future);
+  auto first = service.submit(remote.request(dma::Direction::ToPeer, test::Payload{test::pattern(4096, 1)}),
+                              test::completion_future());
   REQUIRE(test::run_until(io, first));
   REQUIRE(first.get().outcome.ok());  // the peer is connected
 

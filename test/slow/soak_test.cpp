@@ -30,7 +30,7 @@ void soak(dma::WaitMode mode) {
         in_flight.fetch_add(1);
         service.submit(
             remote.request(dma::Direction::ToPeer, test::Payload{test::pattern(size, i)}, 0, (i % 64) * slot),
-            [&, i](dma::Completion<test::Payload> c) {
+            [&, i](std::error_code, dma::Completion<test::Payload> c) {
               seen[static_cast<std::size_t>(i)].fetch_add(1);
               (c.outcome ? ok : failed).fetch_add(1);
               in_flight.fetch_sub(1);

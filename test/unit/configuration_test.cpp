@@ -79,9 +79,30 @@ TEST_CASE("a byte vector is its own operand and allocate resizes it", "[operands
 TEST_CASE("a context without operand members supports neither direction", "[operands]") {
   struct Nothing {};
   Nothing n;
-  CHECK_FALSE(dma::Operands<Nothing>::source(n));
-  CHECK_FALSE(dma::Operands<Nothing>::allocate(n, 8));
+  STATIC_REQUIRE_FALSE(dma::WriteContext<Nothing>);
+  STATIC_REQUIRE_FALSE(dma::ReadContext<Nothing>);
+  STATIC_REQUIRE_FALSE(dma::TransferContext<Nothing>);
   CHECK_FALSE(dma::Operands<Nothing>::cacheable_span(n));
+}
+
+TEST_CASE("the operand members a context has decide which directions it serves", "[operands]") {
+  struct WriteOnly {
+    std::span<const std::byte> source() const { return {}; }
+  };
+  struct ReadOnly {
+    std::span<std::byte> allocate(std::size_t) { return {}; }
+  };
+  struct Gather {
+    std::vector<std::span<const std::byte>> sources() const { return {}; }
+  };
+  STATIC_REQUIRE(dma::WriteContext<WriteOnly>);
+  STATIC_REQUIRE_FALSE(dma::ReadContext<WriteOnly>);
+  STATIC_REQUIRE(dma::TransferContext<WriteOnly>);
+  STATIC_REQUIRE(dma::ReadContext<ReadOnly>);
+  STATIC_REQUIRE_FALSE(dma::WriteContext<ReadOnly>);
+  STATIC_REQUIRE(dma::WriteContext<Gather>);
+  STATIC_REQUIRE(dma::TransferContext<std::vector<std::uint8_t>>);
+  STATIC_REQUIRE(dma::ReadContext<std::vector<std::byte>>);
 }
 
 TEST_CASE("operand members returning optionals map none to unsupported", "[operands]") {

@@ -57,8 +57,8 @@ Sample Library::awaitable(const Point& point) {
     while (Clock::now() < end) {
       auto request = request_for(setup_, point, index);
       request.caller_context.started = Clock::now();
-      auto [slice, outcome] = co_await service.submit(std::move(request));
-      record(sample, outcome, slice.started, latency);
+      auto [ec, done] = co_await service.submit(std::move(request), dma::compat::as_tuple(asio::use_awaitable));
+      record(sample, done.outcome, done.caller_context.started, latency);
     }
   };
   const auto start = Clock::now();
@@ -88,7 +88,7 @@ Sample Library::handler(const Point& point) {
     void start() {
       auto request = request_for(*setup, *point, index);
       request.caller_context.started = Clock::now();
-      service->submit(std::move(request), [this](dma::Completion<Slice> done) {
+      service->submit(std::move(request), [this](std::error_code, dma::Completion<Slice> done) {
         record(*sample, done.outcome, done.caller_context.started, point->depth == 1);
         if (Clock::now() < end) start();
       });

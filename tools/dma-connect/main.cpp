@@ -99,9 +99,9 @@ asio::awaitable<Trial> trial(Service& service, const Options& o, const dma::Conf
     request.direction = dma::Direction::ToPeer;
     request.caller_context.bytes.assign(o.size, std::byte{0x5a});
     const auto start = Clock::now();
-    auto done = co_await service.submit(std::move(request));
+    auto [ec, done] = co_await service.submit(std::move(request), dma::compat::as_tuple(asio::use_awaitable));
     const double took = micros(Clock::now() - start);
-    if (!done.outcome.ok()) throw std::system_error(done.outcome.error(), "write " + std::to_string(i));
+    if (ec) throw std::system_error(ec, "write " + std::to_string(i) + ": " + done.outcome.message());
     if (i == 0) {
       t.first_us = took;
     } else if (i == o.steady + 1) {

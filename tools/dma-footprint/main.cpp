@@ -102,7 +102,7 @@ class Writer {
   bool connect(asio::io_context& io, std::size_t first, std::size_t last) {
     for (std::size_t i = first; i < last; ++i) {
       bool done = false, ok = false;
-      service_.submit(request(i), [&](dma::Completion<Source> completion) {
+      service_.submit(request(i), [&](std::error_code, dma::Completion<Source> completion) {
         done = true;
         ok = completion.outcome.ok();
         if (!ok) std::cerr << "dma-footprint: write to peer " << i << ": " << completion.outcome.message() << "\n";
@@ -147,7 +147,7 @@ class Writer {
 
   void issue() {
     ++in_flight_;
-    service_.submit(request(next_), [this](dma::Completion<Source> completion) {
+    service_.submit(request(next_), [this](std::error_code, dma::Completion<Source> completion) {
       --in_flight_;
       if (!completion.outcome.ok()) {
         failed_ = true;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <dma/configuration.hpp>
+#include <dma/detail/cancel_scope.hpp>
 #include <dma/detail/operation.hpp>
 #include <dma/endpoint.hpp>
 #include <dma/metrics.hpp>
@@ -42,9 +43,9 @@ class Engine {
 
   /// Accepts one transfer (any thread); it completes exactly once through its functions->complete.
   virtual void submit(Operation* op) = 0;
-  /// Cancels op (any thread): a queued one completes at once, a posted one once the reclaimer made
-  /// the provider hand it back (or when it completes first).
-  virtual void cancel(Operation* op, std::uint64_t sequence) = 0;
+  /// Cancels op (any thread): a queued one completes at once; a posted one, when scope allows it,
+  /// once the reclaimer made the provider hand it back (or when it completes first).
+  virtual void cancel(Operation* op, std::uint64_t sequence, CancelScope scope) = 0;
   /// A sequence number for the next operation (any thread).
   virtual std::uint64_t next_sequence() noexcept = 0;
   /// Inserts a peer's address for client_id; call on strand() only.

@@ -12,6 +12,7 @@
 #include <dma/checksum.hpp>
 #include <dma/detail/block_pool.hpp>
 #include <dma/detail/engine.hpp>
+#include <dma/detail/handler.hpp>
 #include <dma/transfer.hpp>
 
 #include <asio/associated_allocator.hpp>
@@ -56,19 +57,22 @@ struct StripeJoin {
   /// A part's completion handler: runs on the part's engine, inline (the service's executor).
   struct PartDone {
     StripeJoin* join;
-    void operator()(Completion<StripePart> done) { join->part_done(std::move(done.outcome)); }
+    void operator()(std::error_code, Completion<StripePart> done) { join->part_done(std::move(done.outcome)); }
   };
 
-  /// Installed in the caller's cancellation slot: cancels every part, queued or posted.
+  /// Installed in the caller's cancellation slot: for terminal or partial, cancels every part,
+  /// queued or posted. A stripe's parts are posted independently, so "no side effect" (`total`)
+  /// cannot be promised for the whole: a `total`-only cancellation is not honoured.
   struct Canceller {
     explicit Canceller(StripeJoin* j) noexcept : join(j) {}
     StripeJoin* join;
     void operator()(asio::cancellation_type type) const {
-      if (type == asio::cancellation_type::none) return;
+      const auto scope = cancel_scope(type);
+      if (scope != CancelScope::queued_or_posted) return;
       // A part not yet submitted (the held notifier) is not found by its engine: cancelling the
       // others fails the join, and the notifier is then never posted.
       for (std::size_t i = 0; i < join->count; ++i)
-        join->parts[i].engine->cancel(join->parts[i].op, join->parts[i].sequence);
+        join->parts[i].engine->cancel(join->parts[i].op, join->parts[i].sequence, *scope);
     }
   };
 
@@ -138,16 +142,15 @@ struct StripeJoin {
     auto slot = asio::get_associated_cancellation_slot(handler);
     if (slot.is_connected()) slot.clear();
     Handler h(std::move(handler));
+    const std::error_code ec = outcome.error();
     Completion<Context> completion{std::move(context), std::move(outcome)};
     if (direct) {
       free(this);
-      return std::move(h)(std::move(completion));
+      return std::move(h)(ec, std::move(completion));
     }
     WorkExecutor executor(std::move(*work));
     free(this);
-    asio::dispatch(executor, [h = std::move(h), completion = std::move(completion)]() mutable {
-      std::move(h)(std::move(completion));
-    });
+    dispatch_with_allocator(std::move(executor), std::move(h), ec, std::move(completion));
   }
 
   Context context;

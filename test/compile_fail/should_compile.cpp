@@ -1,0 +1,14 @@
+// The control for the compile-fail tests: the same includes and flags, a correct program.
+#include <dma/dma.hpp>
+
+#include <asio/io_context.hpp>
+
+#include <system_error>
+#include <vector>
+
+int main() {
+  asio::io_context io;
+  dma::asynchronous::FabricService<std::vector<std::byte>> service(io.get_executor());
+  dma::TransferRequest<std::vector<std::byte>> request;
+  service.submit(std::move(request), [](std::error_code, dma::Completion<std::vector<std::byte>>) {});
+}

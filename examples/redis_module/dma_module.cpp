@@ -7,6 +7,7 @@
 
 #include "confirmation.hpp"
 #include "fabric_host.hpp"
+#include "held_values.hpp"
 #include "module_api.hpp"
 #include "options.hpp"
 
@@ -27,6 +28,11 @@ namespace {
 
 using rm::api;
 using Clock = std::chrono::steady_clock;
+
+// DMA.SET values from this size on are held (HeldValues) so that DMA.GET can write from them;
+// below it a copy costs less than the bookkeeping, and strings of up to 44 bytes are embedded,
+// which StringSet copies anyway.
+constexpr std::size_t hold_from = 16 << 10;
 
 std::string_view view(const rm::String* s) {
   std::size_t length = 0;
@@ -51,11 +57,15 @@ struct Transfer {
   rm::BlockedClient* blocked = nullptr;
   bool set = false;
   std::string key;
-  rm::String* value = nullptr;  ///< DMA.SET: the string the value lands in, stored as it is
-  std::byte* bytes = nullptr;   ///< DMA.SET: inside `value`; DMA.GET: a copy taken by RedisModule_Alloc
+  /// DMA.SET: the string the value lands in, stored as it is. DMA.GET from a held value: one more
+  /// reference to it, for as long as the write reads it.
+  rm::String* value = nullptr;
+  /// DMA.SET: inside `value`. DMA.GET: inside `value`, or a copy taken by RedisModule_Alloc.
+  std::byte* bytes = nullptr;
   std::size_t length = 0;
   std::optional<std::uint32_t> expected_crc;
-  std::optional<std::uint64_t> token;  ///< DMA.GET: the client's, sent as the write's immediate data
+  std::optional<std::uint32_t> known_crc;  ///< DMA.GET from a held value: its CRC, not computed again
+  std::optional<std::uint64_t> token;      ///< DMA.GET: the client's, sent as the write's immediate data
   dma::Outcome outcome;
   std::int64_t completed_ns = 0;  ///< when the completer handed it over (steady clock)
 };
@@ -81,12 +91,16 @@ struct Counters {
   std::uint64_t gets_notified = 0;    ///< DMA.GET writes that carried the client's token
   std::uint64_t replies_dropped = 0;  ///< transfers whose client left before the reply
   std::uint64_t get_copies = 0, get_copy_ns = 0, get_copy_bytes = 0;
+  std::uint64_t gets_from_held = 0;                     ///< DMA.GETs written straight from a held value
   std::uint64_t set_alloc_ns = 0, set_alloc_bytes = 0;  ///< DMA.SET's value strings (zero-filled)
 };
 
 struct Module {
   dma_module::Options options;
   Counters counters;
+  dma_module::HeldValues held{[](rm::String* s) { api.FreeString(nullptr, s); }};
+  std::optional<bool> server_adopts;
+  bool watching_keys = false;  ///< subscribed to keyspace events, from the first value held on
   std::shared_ptr<dma::Pool> pool;
   std::unique_ptr<Service> service;
   dma::EndpointInfo info;
@@ -114,6 +128,81 @@ void hand_over(std::span<dma::Completion<Operation>> batch) {
 
 int error(rm::Ctx* ctx, const std::string& text) { return api.ReplyWithError(ctx, text.c_str()); }
 
+// Held references stay out of the way of eviction: a server that may evict counts the memory an
+// eviction frees across the delete alone, and a held value is freed only later, by the evicted
+// event, so it would evict more keys than it needs to. Such a server holds nothing. Nor does a
+// provider that registers local operands (efa-direct): a DMA.GET would register key-space pages,
+// which a fork-safe setup (FI_EFA_FORK_SAFE) hides from a BGSAVE child that reads them.
+bool may_hold(rm::Ctx* ctx) {
+  if (!module->options.hold_values || module->info.requires_local_mr) return false;
+  if ((api.GetContextFlags(ctx) & rm::ctx_flags_evict) == 0) return true;
+  module->held.clear();
+  return false;
+}
+
+// Whether StringSet stores the very string it is given (redis-server 7.0) or a copy (Valkey 8.1),
+// seen once, on the first value `name` was just set to. DMA.GET checks each value anyway.
+bool server_adopts(rm::Ctx* ctx, rm::String* name, rm::String* value) {
+  if (!module->server_adopts) {
+    rm::Key* key = api.OpenKey(ctx, name, rm::read);
+    std::size_t length = 0;
+    const char* stored = key == nullptr ? nullptr : api.StringDMA(key, &length, rm::read);
+    if (key != nullptr) api.CloseKey(key);
+    module->server_adopts = stored == view(value).data();
+  }
+  return *module->server_adopts;
+}
+
+// Any change to a key lets its held value go: APPEND and SETRANGE have copied it already, and
+// DEL, overwrites, expiry, eviction and RENAME have dropped the key's reference, so the module's
+// would only keep old bytes alive. A TTL change leaves the value as it is.
+int key_changed(rm::Ctx* ctx, int, const char* event, rm::String* key) {
+  if (module == nullptr || module->held.count() == 0) return rm::ok;
+  if (std::strcmp(event, "expire") == 0 || std::strcmp(event, "persist") == 0) return rm::ok;
+  module->held.release(api.GetSelectedDb(ctx), view(key));
+  return rm::ok;
+}
+
+// FLUSHDB, FLUSHALL, DEBUG RELOAD and a replica's full sync empty databases without a key event.
+void flushing(rm::Ctx*, rm::Event, std::uint64_t subevent, void* data) {
+  if (module == nullptr || subevent != rm::subevent_flushdb_start) return;
+  module->held.release_db(static_cast<const rm::FlushInfo*>(data)->dbnum);
+}
+
+void swapping(rm::Ctx*, rm::Event, std::uint64_t, void* data) {
+  if (module == nullptr) return;
+  const auto* info = static_cast<const rm::SwapDbInfo*>(data);
+  module->held.swap_dbs(info->dbnum_first, info->dbnum_second);
+}
+
+// After a DMA.SET stored its string: the module keeps the transfer's reference to it. The
+// keyspace events that let it go are subscribed to with the first value held, so a server whose
+// module holds nothing runs no callback on its writes.
+void hold(rm::Ctx* ctx, rm::String* name, Transfer& transfer, std::uint32_t crc) {
+  if (transfer.length < hold_from || !may_hold(ctx) || !server_adopts(ctx, name, transfer.value)) return;
+  if (!module->watching_keys) {
+    api.SubscribeToKeyspaceEvents(ctx, rm::notify_all, key_changed);
+    module->watching_keys = true;
+  }
+  module->held.hold(api.GetSelectedDb(ctx), view(name), {std::exchange(transfer.value, nullptr), transfer.length, crc});
+}
+
+// The held value of `key` if the key still holds it (`stored` is the key's bytes: the same bytes
+// are the same string, which the module's reference keeps alive and unchanged), retained once more
+// for a transfer; null otherwise, and a value the key no longer holds is let go.
+const dma_module::HeldValues::Value* held_for(rm::Ctx* ctx, rm::String* key, const char* stored) {
+  if (module->held.count() == 0 || !may_hold(ctx)) return nullptr;
+  const int db = api.GetSelectedDb(ctx);
+  const auto* held = module->held.find(db, view(key));
+  if (held == nullptr) return nullptr;
+  if (view(held->string).data() != stored) {
+    module->held.release(db, view(key));
+    return nullptr;
+  }
+  api.RetainString(nullptr, held->string);
+  return held;
+}
+
 // A transfer's reply, on the main thread, when its client is still connected: stores a DMA.SET's
 // value and answers.
 int reply(rm::Ctx* ctx, rm::String**, int) {
@@ -121,7 +210,7 @@ int reply(rm::Ctx* ctx, rm::String**, int) {
   auto& counters = module->counters;
   const auto& outcome = transfer->outcome;
   if (!outcome) return error(ctx, "ERR transfer failed: " + outcome.message());
-  const std::uint32_t crc = outcome->checksum.value_or(0);
+  const std::uint32_t crc = transfer->known_crc.value_or(outcome->checksum.value_or(0));
   if (!transfer->set) {
     api.ReplyWithArray(ctx, 2);
     api.ReplyWithLongLong(ctx, static_cast<long long>(transfer->length));
@@ -138,6 +227,7 @@ int reply(rm::Ctx* ctx, rm::String**, int) {
   api.CloseKey(key);
   api.NotifyKeyspaceEvent(ctx, rm::notify_string, "set", name);
   api.Replicate(ctx, "SET", "ss", name, transfer->value);
+  hold(ctx, name, *transfer, crc);
   api.FreeString(ctx, name);
   return api.ReplyWithSimpleString(ctx, "OK");
 }
@@ -156,8 +246,11 @@ void release(rm::Ctx*, void* data) {
     if (transfer->outcome.error() == std::errc::timed_out) ++counters.transfers_timed_out;
   }
   --(transfer->set ? counters.sets_in_flight : counters.gets_in_flight);
-  if (transfer->value != nullptr) api.FreeString(nullptr, transfer->value);
-  if (!transfer->set && transfer->bytes != nullptr) api.Free(transfer->bytes);
+  if (transfer->value != nullptr) {
+    api.FreeString(nullptr, transfer->value);
+  } else if (!transfer->set && transfer->bytes != nullptr) {
+    api.Free(transfer->bytes);
+  }
   delete transfer;
 }
 
@@ -176,7 +269,7 @@ void start(rm::Ctx* ctx, Transfer* transfer, const dma::PeerAddress& peer, std::
   request.remote_address = address;
   request.direction = transfer->set ? dma::Direction::FromPeer : dma::Direction::ToPeer;
   request.length = transfer->length;
-  request.want_checksum = true;
+  request.want_checksum = !transfer->known_crc;
   request.immediate_data = transfer->token;  // the client's Target hears it once the bytes have landed
   request.caller_context = Operation{transfer};
   if (module->service->submit(std::move(request))) {
@@ -354,9 +447,22 @@ int dma_get(rm::Ctx* ctx, rm::String** argv, int argc) {
     api.ReplyWithLongLong(ctx, 0);
     return api.ReplyWithLongLong(ctx, 0);
   }
-  // The stored bytes may change (APPEND, SETRANGE) or go (DEL) once this command returns, and
-  // Redis 7.0 has no call that holds a key's value: the transfer writes from a copy.
   auto& counters = module->counters;
+  if (const auto* held = held_for(ctx, argv[1], stored)) {
+    api.CloseKey(key);
+    ++counters.gets_from_held;
+    auto* transfer = new Transfer;
+    transfer->key = view(argv[1]);
+    transfer->value = held->string;
+    transfer->bytes = reinterpret_cast<std::byte*>(const_cast<char*>(stored));  // only read
+    transfer->length = length;
+    transfer->known_crc = held->crc;
+    transfer->token = token;
+    start(ctx, transfer, *peer, window->rkey, window->address);
+    return rm::ok;
+  }
+  // Any other value may change in place (APPEND, SETRANGE) or go (DEL) once this command
+  // returns, and Redis 7.0 has no call that holds a key's value: the transfer writes from a copy.
   const std::int64_t began = now_ns();
   auto* copy = static_cast<std::byte*>(api.Alloc(length));
   std::memcpy(copy, stored, length);
@@ -413,6 +519,9 @@ std::string info_text() {
   line("get_copies", c.get_copies);
   line("get_copy_bytes", c.get_copy_bytes);
   line("get_copy_us", c.get_copy_ns / 1000);
+  line("gets_from_held", c.gets_from_held);
+  line("held_values", module->held.count());
+  line("held_bytes", module->held.bytes());
   line("set_alloc_bytes", c.set_alloc_bytes);
   line("set_alloc_us", c.set_alloc_ns / 1000);
   line("completions_handed", c.handed.load(std::memory_order_relaxed));
@@ -450,6 +559,7 @@ bool busy() {
 void stop() {
   module->service.reset();
   if (module->pool) module->pool->join();
+  module->held.clear();
 }
 
 void client_changed(rm::Ctx*, rm::Event, std::uint64_t subevent, void* data) {
@@ -516,6 +626,8 @@ int load(rm::Ctx* ctx, rm::String** argv, int argc) {
   }
   api.SubscribeToServerEvent(ctx, rm::event_client_change, client_changed);
   api.SubscribeToServerEvent(ctx, rm::event_shutdown, shutting_down);
+  api.SubscribeToServerEvent(ctx, rm::event_flushdb, flushing);
+  api.SubscribeToServerEvent(ctx, rm::event_swapdb, swapping);
   api.Log(ctx, "notice", "dma: fabric %s, address %s, max-value %zu, DMA.GET confirmed by %s",
           module->info.provider.c_str(), module->address_hex.c_str(), module->options.max_value,
           std::string(kv::to_string(module->confirmation)).c_str());

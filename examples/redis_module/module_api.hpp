@@ -32,19 +32,40 @@ inline constexpr int keytype_string = 1;
 /// GetContextFlags bits.
 inline constexpr int ctx_flags_lua = 1 << 0;
 inline constexpr int ctx_flags_multi = 1 << 1;
+inline constexpr int ctx_flags_evict = 1 << 9;  ///< maxmemory with a policy that may delete keys
 inline constexpr int ctx_flags_deny_blocking = 1 << 21;
 
-/// NotifyKeyspaceEvent class of string commands.
+/// Keyspace event classes: NotifyKeyspaceEvent's type, SubscribeToKeyspaceEvents' mask.
 inline constexpr int notify_string = 1 << 3;
+/// Every class a key's value can change or go by (generic, the types, expired, evicted, stream,
+/// module); not key-miss, loaded or new.
+inline constexpr int notify_all = 0x27fc;
 
 /// Server events (SubscribeToServerEvent).
 struct Event {
   std::uint64_t id;
   std::uint64_t dataver;
 };
+inline constexpr Event event_flushdb{2, 1};
 inline constexpr Event event_client_change{4, 1};
 inline constexpr Event event_shutdown{5, 1};
+inline constexpr Event event_swapdb{11, 1};
 inline constexpr std::uint64_t subevent_client_disconnected = 1;
+inline constexpr std::uint64_t subevent_flushdb_start = 0;
+
+/// What the flushdb event passes: the database emptied, -1 for all.
+struct FlushInfo {
+  std::uint64_t version;
+  std::int32_t sync;
+  std::int32_t dbnum;
+};
+
+/// What the swapdb event passes.
+struct SwapDbInfo {
+  std::uint64_t version;
+  std::int32_t dbnum_first;
+  std::int32_t dbnum_second;
+};
 
 /// RedisModuleClientInfo, version 1: what GetClientInfoById fills and what the client-change event
 /// passes as its data.
@@ -62,6 +83,7 @@ using CmdFunc = int (*)(Ctx*, String** argv, int argc);
 using FreePrivdata = void (*)(Ctx*, void*);
 using DisconnectFunc = void (*)(Ctx*, BlockedClient*);
 using EventCallback = void (*)(Ctx*, Event, std::uint64_t subevent, void* data);
+using NotificationFunc = int (*)(Ctx*, int type, const char* event, String* key);
 
 /// The calls, filled by bind(). Names follow the API without its `RedisModule_` prefix.
 struct Api {
@@ -70,6 +92,7 @@ struct Api {
   void (*SetModuleAttribs)(Ctx*, const char* name, int version, int api_version);
   int (*CreateCommand)(Ctx*, const char* name, CmdFunc, const char* flags, int first_key, int last_key, int step);
   int (*SubscribeToServerEvent)(Ctx*, Event, EventCallback);
+  int (*SubscribeToKeyspaceEvents)(Ctx*, int types, NotificationFunc);
   void (*Log)(Ctx*, const char* level, const char* format, ...);
 
   int (*WrongArity)(Ctx*);
@@ -79,9 +102,11 @@ struct Api {
   int (*ReplyWithArray)(Ctx*, long);
   int (*ReplyWithStringBuffer)(Ctx*, const char*, std::size_t);
   int (*GetContextFlags)(Ctx*);
+  int (*GetSelectedDb)(Ctx*);
 
   String* (*CreateString)(Ctx*, const char*, std::size_t);
   void (*FreeString)(Ctx*, String*);
+  void (*RetainString)(Ctx*, String*);
   const char* (*StringPtrLen)(const String*, std::size_t*);
 
   Key* (*OpenKey)(Ctx*, String*, int mode);

@@ -47,6 +47,8 @@ std::string parse_options(std::span<const std::string_view> arguments, Options& 
       options.bind_given = true;
     } else if (key == "efa") {
       why = parse_flag(key, value, options.efa);
+    } else if (key == "hold-values") {
+      why = parse_flag(key, value, options.hold_values);
     } else if (key == "allow-any-fabric-host") {
       why = parse_flag(key, value, options.allow_any_fabric_host);
     } else if (key == "max-value") {
@@ -62,7 +64,7 @@ std::string parse_options(std::span<const std::string_view> arguments, Options& 
     } else {
       why = "unknown argument '" + std::string(key) +
             "' (config, bind, efa, max-value, allow-any-fabric-host, pool-threads, transfer-deadline-ms, "
-            "confirm-gets)";
+            "hold-values, confirm-gets)";
     }
     if (!why.empty()) return why;
   }

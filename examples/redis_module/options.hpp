@@ -24,6 +24,7 @@ struct Options {
   bool allow_any_fabric_host = false;
   std::size_t pool_threads = 2;                  ///< 0: no pool, CRCs on the fabric thread
   std::uint64_t transfer_deadline_ms = 0;        ///< 0: the configuration's
+  bool hold_values = true;                       ///< DMA.GET writes from the string DMA.SET stored
   std::optional<kv::Confirmation> confirm_gets;  ///< none: auto, from the endpoint
 
   /// The service's configuration: the TOML file's table, then these overrides. Throws

@@ -202,6 +202,10 @@ void hello(Resp& resp, const Peer& peer) {
   REQUIRE(reply.type == kv::resp::Reply::Type::array);
 }
 
+// redis-server 7.0 stores the very string the module sets, so the module can hold it and write a
+// DMA.GET from it; Valkey 8.1 stores a copy (and names itself in INFO's server_name).
+bool server_keeps_module_strings(Resp& resp) { return server_info(resp, "server_name").empty(); }
+
 std::string pattern_text(const std::string& key, std::size_t length) {
   const kv::Pattern pattern(length);
   const auto bytes = pattern.value(kv::seed_of(key), length);
@@ -311,7 +315,15 @@ TEST_CASE("APPEND, SETRANGE and DEL during an in-flight DMA.GET leave the client
   Resp getter(server.port());
   Resp other(server.port());
   const std::string old_value = pattern_text("changing", 1 << 20);
-  require_ok(other.command({"SET", "changing", old_value}));
+  bool held = false;
+  SECTION("a value SET stored: the write goes from a copy") {
+    require_ok(other.command({"SET", "changing", old_value}));
+  }
+  SECTION("a value DMA.SET stored: the write goes from the stored string itself, where the server keeps it") {
+    run_client(server, {"set", "changing", "--size", std::to_string(1 << 20)});
+    held = server_keeps_module_strings(other);
+    CHECK(info_value(other, "held_values") == (held ? 1 : 0));
+  }
   hello(getter, peer);
   getter.send_raw(encode(peer.window("DMA.GET", "changing", 1 << 20)));
   REQUIRE(wait_for(other, "dma_gets_in_flight", 1) == 1);
@@ -330,6 +342,89 @@ TEST_CASE("APPEND, SETRANGE and DEL during an in-flight DMA.GET leave the client
   const auto landed = peer.memory().first(1 << 20);
   CHECK(std::memcmp(landed.data(), old_value.data(), old_value.size()) == 0);
   CHECK(static_cast<std::uint32_t>(reply.elements[1].integer) == dma::checksum(landed));
+  CHECK(info_value(other, "gets_from_held") == (held ? 1 : 0));
+  CHECK(info_value(other, "get_copies") == (held ? 0 : 1));
+  CHECK(info_value(other, "held_values") == 0);  // APPEND let it go
+}
+
+TEST_CASE("a held value goes when its key changes, is emptied, or the server may evict", "[module]") {
+  constexpr std::size_t size = 64 << 10;
+  Peer peer(size);
+  std::memcpy(peer.memory().data(), pattern_text("h", size).data(), size);
+  auto check_get = [&](Resp& resp, const std::string& key) {
+    const auto reply = resp.command(peer.window("DMA.GET", key, size));
+    REQUIRE(reply.type == kv::resp::Reply::Type::array);
+    CHECK(reply.elements[0].integer == static_cast<long long>(size));
+    CHECK(static_cast<std::uint32_t>(reply.elements[1].integer) == dma::checksum(peer.memory().first(size)));
+  };
+  SECTION("changes and flushes") {
+    ModuleServer server;
+    Resp resp(server.port());
+    hello(resp, peer);
+    if (!server_keeps_module_strings(resp)) {
+      WARN("the server stores a copy of what the module sets: the module holds nothing");
+      return;
+    }
+    auto set = [&](const std::string& key) { require_ok(resp.command(peer.window("DMA.SET", key, size))); };
+    set("a");
+    set("b");
+    set("c");
+    set("d");
+    CHECK(info_value(resp, "held_values") == 4);
+    CHECK(info_value(resp, "held_bytes") == 4 * size);
+    check_get(resp, "a");
+    CHECK(info_value(resp, "gets_from_held") == 1);
+    // A TTL leaves the value as it was; a DMA.SET of the same key replaces what is held.
+    CHECK(resp.command({"EXPIRE", "a", "1000"}).integer == 1);
+    set("a");
+    check_get(resp, "a");
+    CHECK(info_value(resp, "gets_from_held") == 2);
+    CHECK(info_value(resp, "held_values") == 4);
+    CHECK(resp.command({"DEL", "a"}).integer == 1);
+    require_ok(resp.command({"SET", "b", "small"}));
+    require_ok(resp.command({"RENAME", "c", "c2"}));
+    CHECK(info_value(resp, "held_values") == 1);
+    check_get(resp, "c2");  // the same bytes, from a copy
+    CHECK(info_value(resp, "gets_from_held") == 2);
+    CHECK(info_value(resp, "get_copies") == 1);
+    require_ok(resp.command({"SWAPDB", "0", "1"}));
+    require_ok(resp.command({"SELECT", "1"}));
+    check_get(resp, "d");
+    CHECK(info_value(resp, "gets_from_held") == 3);
+    // The flush frees both values left (c2 and the held d), not only the one held by the key.
+    const auto before = std::stoull(server_info(resp, "used_memory"));
+    require_ok(resp.command({"FLUSHALL", "SYNC"}));
+    CHECK(info_value(resp, "held_values") == 0);
+    CHECK(info_value(resp, "held_bytes") == 0);
+    const auto after = std::stoull(server_info(resp, "used_memory"));
+    INFO("used_memory " << before << " before FLUSHALL, " << after << " after");
+    CHECK(after + 2 * size <= before);
+  }
+  SECTION("an eviction policy, or hold-values no: nothing is held") {
+    for (const bool evicting : {true, false}) {
+      INFO((evicting ? "maxmemory-policy allkeys-lru" : "hold-values no"));
+      using Arguments = std::vector<std::string>;
+      const Arguments lru{"--maxmemory", "100mb", "--maxmemory-policy", "allkeys-lru"};
+      ModuleServer server(evicting ? lru : Arguments{}, evicting ? Arguments{} : Arguments{"hold-values", "no"});
+      Resp resp(server.port());
+      hello(resp, peer);
+      require_ok(resp.command(peer.window("DMA.SET", "a", size)));
+      CHECK(info_value(resp, "held_values") == 0);
+      check_get(resp, "a");
+      CHECK(info_value(resp, "get_copies") == 1);
+    }
+  }
+  SECTION("an eviction policy set at run time lets go of what is held") {
+    ModuleServer server;
+    Resp resp(server.port());
+    hello(resp, peer);
+    require_ok(resp.command(peer.window("DMA.SET", "a", size)));
+    require_ok(resp.command({"CONFIG", "SET", "maxmemory", "100mb"}));
+    require_ok(resp.command({"CONFIG", "SET", "maxmemory-policy", "allkeys-lru"}));
+    check_get(resp, "a");
+    CHECK(info_value(resp, "get_copies") == 1);
+    CHECK(info_value(resp, "held_values") == 0);
+  }
 }
 
 TEST_CASE("DMA.HELLO binds one fabric address of the client's own host per connection", "[module]") {
@@ -627,6 +722,7 @@ TEST_CASE("the module takes its configuration from its arguments: keys, or a TOM
   std::ofstream(bad_file) << "[dma-libfabric]\nno_such_key = 1\n";
   const std::vector<std::pair<std::vector<std::string>, std::string>> refusals{
       {{"max-value", "lots"}, "max-value takes a whole number"},
+      {{"hold-values", "maybe"}, "hold-values takes yes or no"},
       {{"colour", "blue"}, "unknown argument 'colour'"},
       {{"config"}, "has no value"},
       {{"config", bad_file}, "no_such_key"},

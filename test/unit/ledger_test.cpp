@@ -55,7 +55,7 @@ TEST_CASE("a cancellation that allows no side effect ends a queued transfer only
   auto* posted = rig.posted();
   CHECK(rig.ledger.cancel(posted, posted->sequence, dma::detail::CancelScope::queued, rig.poster, rig.reclaimer) ==
         Cancelled::nothing);
-  CHECK(posted->doom == Doom::none);
+  CHECK(dma::detail::state(*posted).doom == Doom::none);
 }
 
 TEST_CASE("Asio's cancellation types map to what may be ended") {

@@ -167,7 +167,7 @@ std::string to_prometheus(const Metrics& metrics, std::string_view prefix) {
                                 "' is not a metric name prefix ([a-zA-Z_:][a-zA-Z0-9_:]*)");
   }
   std::string out;
-  out.reserve(16 * 1024);
+  out.reserve(std::size_t{16} * 1024);
   for (const Counter& counter : counters) {
     append_header(out, prefix, counter.name, "counter", counter.help);
     append_sample(out, prefix, counter.name, metrics.*counter.field);

@@ -79,6 +79,8 @@ std::error_code Registrar::pin(std::uintptr_t base, std::size_t length, std::sha
 std::shared_ptr<Registration> Registrar::register_range(std::uintptr_t base, std::uintptr_t end,
                                                         std::shared_ptr<void> keep_alive, std::error_code& ec) {
   const std::uint64_t key = setup_.provider_keys ? 0 : local_key_counter.fetch_add(1, std::memory_order_relaxed);
+  // The range starts at an address a caller's pointer gave (the cache keys ranges by address).
+  // NOLINTNEXTLINE(performance-no-int-to-ptr)
   auto mr = setup_.register_memory(reinterpret_cast<const void*>(base), end - base, key, ec);
   if (ec) return nullptr;
   registrations_.add();

@@ -360,7 +360,9 @@ Target::Target(const executor_type& executor, const Configuration& configuration
   state_->start();
 }
 
-Target::~Target() {
+// Stopping may fail only to allocate a waiter's completion or to lock a mutex; a destructor cannot
+// report either, and dropping the completion would leave a waiter hanging, so that terminates.
+Target::~Target() {  // NOLINT(bugprone-exception-escape)
   if (state_) state_->stop();
 }
 

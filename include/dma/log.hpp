@@ -48,7 +48,9 @@ class DMA_EXPORT LogHandler {
   /// silent handler.
   template <typename F>
   requires(!std::same_as<std::remove_cvref_t<F>, LogHandler> && std::invocable<F&, LogLevel, std::string_view>)
-      LogHandler(F&& function, LogLevel threshold = LogLevel::info)  // NOLINT(google-explicit-constructor)
+      // Implicit by design; the requires clause keeps LogHandler itself out.
+      // NOLINTNEXTLINE(google-explicit-constructor,bugprone-forwarding-reference-overload)
+      LogHandler(F&& function, LogLevel threshold = LogLevel::info)
       : threshold_(threshold) {
     Function wrapped(std::forward<F>(function));
     if (wrapped) function_ = std::make_shared<const Function>(std::move(wrapped));

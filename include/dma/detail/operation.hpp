@@ -58,8 +58,10 @@ struct OperationFunctions {
   std::span<const dma::RemoteSegment> (*remote_segments)(const Operation& op);
 };
 
-struct Operation {
-  Operation() noexcept = default;
+struct Operation {  // NOLINT(cppcoreguidelines-pro-type-member-init): engine_state, below
+  // engine_state is raw storage the engine constructs its state into: nothing to initialise.
+  Operation() noexcept = default;  // NOLINT(cppcoreguidelines-pro-type-member-init)
+  // NOLINTNEXTLINE(cppcoreguidelines-pro-type-member-init)
   Operation(const OperationFunctions* table, const TransferFields& fields) noexcept
       : functions(table), request(fields) {}
   // engine_state may hold objects the engine constructed in place: bytes are no copy of them.

@@ -27,7 +27,7 @@ struct PostContext {
   /// fi_context2 (lib/ checks): first, so the pointer libfabric hands back in a CQ entry is the
   /// context itself.
   alignas(void*) std::byte provider_context[8 * sizeof(void*)]{};
-  bool segment = false;  ///< a SegmentSlot (lib/segment_tracker.hpp), not an Operation
+  bool segment = false;  ///< a SegmentSlot (lib/engine/segment_tracker.hpp), not an Operation
 
   static const PostContext& of(const void* context) noexcept { return *static_cast<const PostContext*>(context); }
 };
@@ -84,7 +84,7 @@ struct Operation {  // NOLINT(cppcoreguidelines-pro-type-member-init): engine_st
 
   /// The engine's own state of the transfer (its queues, peer, deadline, registration, posts),
   /// opaque here so that the engine can change without changing this layout: begun when the
-  /// engine takes the operation, ended before it completes or destroys it (lib/operation_state.hpp).
+  /// engine takes the operation, ended before it completes or destroys it (lib/engine/operation_state.hpp).
   alignas(std::max_align_t) std::byte engine_state[128];
 
   static Operation* from_context(void* context) noexcept { return static_cast<Operation*>(context); }

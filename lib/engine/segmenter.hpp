@@ -2,8 +2,8 @@
 // post may be (the provider's max_msg_size, or Configuration::max_segment_bytes), a gather or
 // scatter over several local buffers (Operands::sources(), landing()) and a transfer to several
 // remote segments (Operands::remote_segments()) each get a SegmentedTransfer from a pool the
-// segmenter keeps: the lists, each buffer's local descriptor, the plan (lib/segment_plan.*) and
-// the posts in flight (lib/segment_tracker.*). Each post carries its own SegmentSlot as its
+// segmenter keeps: the lists, each buffer's local descriptor, the plan (lib/engine/segment_plan.*) and
+// the posts in flight (lib/engine/segment_tracker.*). Each post carries its own SegmentSlot as its
 // context, so a CQ entry names the post; the operation completes once, when every post the
 // provider holds has come back. Blocks are reused: after the first, a segmented transfer
 // allocates nothing.

@@ -7,7 +7,7 @@
 // a doomed transfer never waits for the others' deadlines. The provider returns what the closed
 // endpoint held to its queue; the doomed ones complete then, and the engine posts the others again
 // on the fresh endpoint (docs/design.md, "Handing back a posted transfer").
-// Where closing may hand a half-received read back twice (lib/connection_cut.hpp), the old
+// Where closing may hand a half-received read back twice (lib/engine/connection_cut.hpp), the old
 // endpoint's connections to the peers of its reads are cut first.
 #pragma once
 

@@ -3,7 +3,7 @@
 #include "dma/error.hpp"
 #include "hints.hpp"
 
-#include "completion_error.hpp"
+#include "cq_error.hpp"
 #include "cq_watcher.hpp"
 #include "log.hpp"
 #include "notification_queue.hpp"

@@ -19,8 +19,8 @@
 
 namespace dma::detail {
 
-struct Peer;               // lib/peer_table.hpp: the address entry a transfer goes to
-struct SegmentedTransfer;  // lib/segmenter.hpp: the posts of a transfer that takes several
+struct Peer;               // lib/engine/peer_table.hpp: the address entry a transfer goes to
+struct SegmentedTransfer;  // lib/engine/segmenter.hpp: the posts of a transfer that takes several
 
 /// Why a posted operation is to be handed back before the provider returns it by itself.
 enum class Doom : std::uint8_t { none, deadline, cancelled, shutdown };
@@ -37,9 +37,9 @@ struct OperationState {
   Operation* newer = nullptr;
   std::uint32_t generation = 0;  ///< the endpoint it was posted on
   bool posted = false;           ///< handed to the provider (otherwise queued)
-  /// Queued again after an endpoint closed under it for another transfer's sake (lib/reclaimer.hpp).
+  /// Queued again after an endpoint closed under it for another transfer's sake (lib/engine/reclaimer.hpp).
   bool reposted = false;
-  /// Failed with a broken connection it may not have broken: posted again alone to tell (lib/poster.hpp).
+  /// Failed with a broken connection it may not have broken: posted again alone to tell (lib/engine/poster.hpp).
   bool suspect = false;
   Doom doom = Doom::none;
 };

@@ -1,8 +1,9 @@
-// What an error completion means: the classes of libfabric errors the engine treats alike, the
-// error a failed transfer reports, what it says of its peer, and the detail text it carries.
-// Sorting is pure (sort_error); finish_failed() applies a sort to the transfer and its peer.
+// What an error completion means for the engine: the error a failed transfer reports and what it
+// says of its peer, on the classes of libfabric errors in cq_error.hpp. Sorting is pure
+// (sort_error); finish_failed() applies a sort to the transfer and its peer.
 #pragma once
 
+#include "cq_error.hpp"
 #include "ledger.hpp"
 #include "log.hpp"
 #include "operation_state.hpp"
@@ -14,13 +15,6 @@
 #include <system_error>
 
 namespace dma::detail {
-
-/// The connection broke under the transfer: the tcp provider flushes a torn-down connection's
-/// transfers with these (and a peer that rejected one transfer tears its connection down too).
-bool connection_error(int err) noexcept;
-
-/// The provider says the peer cannot be reached at all: back off as after a refused connection.
-bool unreachable_error(int err) noexcept;
 
 /// The error a transfer doomed for `doom` completes with: timed_out, operation_aborted or shutdown.
 std::error_code doom_error(Doom doom) noexcept;
@@ -43,12 +37,6 @@ struct ErrorSort {
 /// Sorts an error completion with libfabric error err of a transfer doomed for `doom` (or not):
 /// a doomed transfer reports its doom whatever the provider says.
 ErrorSort sort_error(int err, Doom doom) noexcept;
-
-/// "completion error: <fi_strerror> (err=…, prov_errno=…)", plus fi_cq_strerror's text when
-/// describe_provider is set. rxm reads the endpoint's state to format an entry, so it must not be
-/// set for an entry a closed endpoint returned. err_data stays valid only until the next read of
-/// cq: call this at once.
-std::string error_detail(fid_cq* cq, const fi_cq_err_entry& entry, bool describe_provider);
 
 /// Applies what an error completion of op says about its peer: a lost connection marks it for a
 /// reconnect (logged once per teardown), an unreachable peer is marked so and has its queue

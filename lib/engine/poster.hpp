@@ -15,7 +15,7 @@
 //   std::error_code Host::refresh(Peer&);
 //   void Host::fail_queued(Operation*, std::error_code, std::string detail);
 //
-// A transfer that takes several posts (Operation::segments, lib/segmenter.hpp) stays at the front
+// A transfer that takes several posts (Operation::segments, lib/engine/segmenter.hpp) stays at the front
 // of its peer's queue until its last post is taken; each post takes a credit of its own. Its host
 // says what may happen next:
 //   SegmentStep Host::segment_step(Operation&);      // post now, wait for a return, or stop

@@ -1,16 +1,16 @@
 // The engine: a coordinator of parts that each have one job, all on one strand.
 //
-//   Intake       lib/intake.hpp        submissions from any thread, and resubmissions inside a pass
-//   PeerTable    lib/peer_table.*      AV entries, refcounted by clients and accepted transfers
-//   Poster       lib/poster.*          credits, FI_MORE bursts, -FI_EAGAIN, reconnects
-//   Registrar    lib/registrar.*       local descriptors, the registration cache, MR closes
-//   Segmenter    lib/segmenter.*       transfers one post cannot carry: their lists, plans, posts
-//   CqWatcher    lib/cq_watcher.hpp    the drain, fi_trywait, the fd, the backstop, the wait policy
-//   Reclaimer    lib/reclaimer.*       posted transfers the provider will not return by itself
-//   Ledger       lib/ledger.hpp        accepting, each transfer's one exit, deadlines, cancels
-//   (sorting)    lib/completion_error.* what an error completion means for its transfer and peer
-//   Shutdown     lib/shutdown.hpp      the grace period, the flush, the close, the abandon
-//   AddressHistory lib/address_history.hpp  every local address so far, the current one last
+//   Intake          intake.hpp              submissions from any thread, and resubmissions inside a pass
+//   PeerTable       peer_table.*            AV entries, refcounted by clients and accepted transfers
+//   Poster          poster.*                credits, FI_MORE bursts, -FI_EAGAIN, reconnects
+//   Registrar       registrar.*             local descriptors, the registration cache, MR closes
+//   Segmenter       segmenter.*             transfers one post cannot carry: their lists, plans, posts
+//   CqWatcher       ../progress/cq_watcher.hpp  the drain, fi_trywait, the fd, the backstop, the wait policy
+//   Reclaimer       reclaimer.*             posted transfers the provider will not return by itself
+//   Ledger          ledger.hpp              accepting, each transfer's one exit, deadlines, cancels
+//   (sorting)       completion_error.*      what an error completion means for its transfer and peer
+//   Shutdown        shutdown.hpp            the grace period, the flush, the close, the abandon
+//   AddressHistory  address_history.hpp     every local address so far, the current one last
 //
 // The engine itself sets the parts up, wires them together, accepts transfers, and runs the passes.
 #include "dma/detail/engine.hpp"

@@ -45,6 +45,7 @@
 #include <algorithm>
 #include <optional>
 #include <string_view>
+#include <typeinfo>
 
 namespace dma::detail {
 
@@ -664,14 +665,22 @@ DrainPosition drain_position() noexcept {
 
 std::shared_ptr<Engine> Engine::create(const asio::any_io_executor& executor, const Configuration& configuration,
                                        std::error_code& ec, std::string& what) {
-  if (const auto* io = executor.target<asio::io_context::executor_type>()) {
-    auto engine = std::make_shared<EngineImpl<asio::io_context::executor_type>>(*io, configuration);
-    engine->open(ec, what);
-    return ec ? nullptr : std::shared_ptr<Engine>(std::move(engine));
+  std::shared_ptr<Engine> engine;
+  // An io_context's own executor gets an engine that calls it directly. Asio's
+  // any_executor::target<T>() casts without checking the type (Asio 1.22), so the type is compared
+  // first: a strand, a thread pool's executor or an io_context executor with other properties
+  // takes the type-erased engine instead of being read as something it is not.
+  if (executor.target_type() == typeid(asio::io_context::executor_type)) {
+    auto direct = std::make_shared<EngineImpl<asio::io_context::executor_type>>(
+        *executor.target<asio::io_context::executor_type>(), configuration);
+    direct->open(ec, what);
+    engine = std::move(direct);
+  } else {
+    auto erased = std::make_shared<EngineImpl<asio::any_io_executor>>(executor, configuration);
+    erased->open(ec, what);
+    engine = std::move(erased);
   }
-  auto engine = std::make_shared<EngineImpl<asio::any_io_executor>>(executor, configuration);
-  engine->open(ec, what);
-  return ec ? nullptr : std::shared_ptr<Engine>(std::move(engine));
+  return ec ? nullptr : engine;
 }
 
 }  // namespace dma::detail

@@ -6,8 +6,12 @@
 #include <asio/experimental/awaitable_operators.hpp>
 #include <asio/experimental/parallel_group.hpp>
 #include <asio/redirect_error.hpp>
+#include <asio/strand.hpp>
+#include <asio/thread_pool.hpp>
 #include <asio/use_awaitable.hpp>
 
+#include <chrono>
+#include <future>
 #include <tuple>
 #include <type_traits>
 #include <variant>
@@ -58,6 +62,31 @@ TEST_CASE("redirect_error sets ec when a transfer fails, and the context comes b
   CHECK(ec);
   CHECK(ec == completion.outcome.error());
   CHECK(completion.caller_context.bytes.size() == 4096);  // handed back on failure too
+}
+
+// Asio 1.22's any_io_executor::target<T>() does not check T: the service must not take a strand or
+// a thread pool's executor for an io_context's.
+TEST_CASE("a service on a strand, or on a thread pool's executor, transfers", "[loopback][asio]") {
+  test::RemoteBuffer remote(4096);
+  SECTION("a strand of an io_context, in an any_io_executor") {
+    asio::io_context io;
+    Service service(asio::any_io_executor(asio::make_strand(io)), test::loopback_configuration());
+    auto done = service.submit(good_write(remote, 1), asio::use_future);
+    REQUIRE(test::run_until(io, done, std::chrono::seconds(60)));
+    CHECK(done.get().outcome.ok());
+  }
+  SECTION("a thread pool's executor") {
+    asio::thread_pool pool(1);
+    {
+      Service service(asio::any_io_executor(pool.get_executor()), test::loopback_configuration());
+      auto done = service.submit(good_write(remote, 2), asio::use_future);
+      REQUIRE(done.wait_for(std::chrono::seconds(60)) == std::future_status::ready);
+      const auto completion = done.get();
+      CHECK(completion.outcome.ok());
+      CHECK(completion.outcome->bytes == 4096);
+    }
+    pool.join();
+  }
 }
 
 TEST_CASE("as_tuple gives (ec, completion)", "[loopback][asio]") {

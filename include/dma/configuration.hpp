@@ -98,7 +98,7 @@ struct DMA_EXPORT Configuration {
   std::optional<std::string> bind;
   /// tcp: the port to listen on at `bind` (a Target that peers must find again after a restart);
   /// none lets the system choose a free one. shm: a fixed name for the endpoint (one endpoint per
-  /// port and host, like a tcp port); none names it after the process and a counter.
+  /// port and host, like a tcp port); none names it after the process id and 64 random bits.
   std::optional<std::uint16_t> port;
   /// tcp: the wire protocol (see TcpProtocol). Set rxm on libfabric 1.18 and later to serve or
   /// reach peers whose libfabric is 1.17; native on 1.17 is refused when the endpoint opens.

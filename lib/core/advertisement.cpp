@@ -166,7 +166,8 @@ std::error_code validate_sockaddr(std::span<const std::uint8_t> address) noexcep
 
 // FI_ADDR_STR, as shm's names are: "<scheme>://<name>" and its NUL, printable, no further '/'.
 // shm hands the part after "://" to shm_open; the length limit is far above any name shm makes
-// (fi_shm://<pid>:<uid>:<index>, fi_ns://<port>) and far below what an advertisement can carry.
+// (fi_shm://dma-<pid>-<16 hex digits>:<uid>:<index> from this library, fi_shm://<pid>:<uid>:<index>
+// from a peer at libfabric's defaults, fi_ns://<port>) and far below what an advertisement can carry.
 std::error_code validate_text(std::span<const std::uint8_t> address) noexcept {
   if (address.size() < 2 || address.size() > text_address_limit || address.back() != 0) {
     return make_error_code(errc::address_length);

@@ -6,8 +6,13 @@
 #include <rdma/fi_endpoint.h>
 #include <rdma/fi_errno.h>
 #include <rdma/fi_ext.h>
+#include <sys/random.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -178,6 +183,28 @@ WaitMode progress_wait_mode(const Configuration& configuration) noexcept {
   return configured_provider(configuration) == Provider::shm ? WaitMode::busy_poll : configuration.wait_mode;
 }
 
+namespace {
+
+// shm names an endpoint after its node, or, with none, after the process's id ("PID:uid:index" in
+// /dev/shm). A process killed with SIGKILL leaves its files behind, and a later process given the
+// same id then fails fi_enable with -FI_EBUSY (1.17 never reclaims the file; 2.x only when the
+// process that wrote it is gone, and the new one is that id). A node of the process id and 64
+// random bits, drawn for each endpoint (a forked child must not reuse its parent's), makes every
+// name new.
+std::string shm_node() {
+  std::uint64_t bits = 0;
+  if (::getrandom(&bits, sizeof bits, 0) != static_cast<ssize_t>(sizeof bits)) {
+    bits = static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()) ^
+           reinterpret_cast<std::uintptr_t>(&bits);
+  }
+  char name[48];
+  std::snprintf(name, sizeof name, "dma-%ld-%016llx", static_cast<long>(::getpid()),
+                static_cast<unsigned long long>(bits));
+  return name;
+}
+
+}  // namespace
+
 Provider configured_provider(const Configuration& configuration) noexcept {
   return configuration.providers.empty() ? Provider::tcp : configuration.providers.front();
 }
@@ -204,10 +231,12 @@ InfoList query_info(const Configuration& configuration, std::error_code& ec, std
     what = "invalid source node";
     return {};
   }
-  // shm derives the endpoint's name from the node and service: with a node alone every process's
-  // first endpoint gets the same name, and the second one to open fails fi_enable with -FI_EBUSY.
-  const bool named_by_node = provider != Provider::shm;
-  const char* node = named_by_node && configuration.bind ? configuration.bind->c_str() : nullptr;
+  // shm derives the endpoint's name from the node and service: the configured node would give every
+  // process's first endpoint the same name, so shm gets a node of its own (shm_node()), and a port
+  // alone names it "fi_ns://port".
+  const std::string shm_name = provider == Provider::shm && !configuration.port ? shm_node() : std::string();
+  const char* node = configuration.bind ? configuration.bind->c_str() : nullptr;
+  if (provider == Provider::shm) node = shm_name.empty() ? nullptr : shm_name.c_str();
   const std::string port = configuration.port ? std::to_string(*configuration.port) : std::string();
   const char* service = configuration.port ? port.c_str() : nullptr;
   const bool source = node != nullptr || service != nullptr;

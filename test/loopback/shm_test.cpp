@@ -8,6 +8,10 @@
 
 #include <asio/steady_timer.hpp>
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstring>
 #include <iostream>
@@ -84,6 +88,31 @@ TEST_CASE("two shm endpoints of one process get names of their own", "[shm]") {
   second.open(shm_configuration());
   CHECK(first.local_address() != second.local_address());
   CHECK_FALSE(dma::validate_address(first.local_address(), first.addr_format()));
+}
+
+// A process killed with SIGKILL leaves its /dev/shm files behind, named after its id at
+// libfabric's defaults; a later process given the same id could then not open an endpoint.
+TEST_CASE("files a killed process of the same id left in /dev/shm do not block an endpoint", "[shm]") {
+  const std::string prefix = std::to_string(::getpid()) + ":" + std::to_string(::getuid()) + ":";
+  std::vector<std::string> left;
+  for (int index = 0; index < 16; ++index) {
+    const std::string name = "/" + prefix + std::to_string(index);
+    const int fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, S_IRUSR | S_IWUSR);
+    if (fd < 0) continue;  // this process has one of that name already
+    REQUIRE(::ftruncate(fd, 4096) == 0);
+    ::close(fd);
+    left.push_back(name);
+  }
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    dma::Endpoint endpoint;
+    std::error_code ec;
+    endpoint.open(shm_configuration(), ec);
+    CHECK_FALSE(ec);
+    const std::string address(reinterpret_cast<const char*>(endpoint.local_address().data()));
+    CHECK(address.rfind("fi_shm://dma-" + std::to_string(::getpid()) + "-", 0) == 0);
+  }
+  for (const auto& name : left)
+    ::shm_unlink(name.c_str());
 }
 
 TEST_CASE("a 4 KiB write over shm lands in the target's buffer", "[shm][write]") {

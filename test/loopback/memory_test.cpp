@@ -1,7 +1,9 @@
 // Local registration on tcp, forced: per-transfer registrations, the cache, MemoryRegion lifetimes.
-#include <asio/use_awaitable.hpp>
-
+// The fixture first: it includes <dma/config.hpp>, which sets up the standard library before Asio
+// reads its configuration (docs/design.md, "What the library exports").
 #include "fixture.hpp"
+
+#include <asio/use_awaitable.hpp>
 
 namespace {
 

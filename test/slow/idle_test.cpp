@@ -1,10 +1,12 @@
 // An idle service with a connected peer costs (almost) nothing: its io_context thread's CPU time
 // over 5 s of idleness stays under 1% of a core.
+// The fixture first: it includes <dma/config.hpp>, which sets up the standard library before Asio
+// reads its configuration (docs/design.md, "What the library exports").
+#include "../loopback/fixture.hpp"
+
 #include <time.h>
 
 #include <asio/use_future.hpp>
-
-#include "../loopback/fixture.hpp"
 
 namespace {
 

@@ -1,10 +1,12 @@
 // Soak: many transfers from several threads on a multi-threaded io_context. Proves every transfer
 // completes exactly once and none waits for the backstop timer (no lost fd wake-ups).
+// The fixture first: it includes <dma/config.hpp>, which sets up the standard library before Asio
+// reads its configuration (docs/design.md, "What the library exports").
+#include "../loopback/fixture.hpp"
+
 #include <asio/thread_pool.hpp>
 
 #include <atomic>
-
-#include "../loopback/fixture.hpp"
 
 namespace {
 

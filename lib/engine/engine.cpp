@@ -13,7 +13,7 @@
 //   AddressHistory  address_history.hpp     every local address so far, the current one last
 //
 // The engine itself sets the parts up, wires them together, accepts transfers, and runs the passes.
-#include "dma/detail/engine.hpp"
+#include "open_engine.hpp"
 
 #include "address_history.hpp"
 #include "completion_error.hpp"
@@ -41,6 +41,7 @@
 #include <asio/error.hpp>
 #include <asio/io_context.hpp>
 #include <asio/post.hpp>
+#include <asio/strand.hpp>
 
 #include <algorithm>
 #include <optional>
@@ -143,6 +144,7 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
                  asio::bind_allocator(PoolAllocator<void>(), [self = shared_from_this()] { self->take_intake(); }));
     }
   }
+  void warm_up(Operation* op) override { submit(op); }
   void cancel(Operation* op, std::uint64_t sequence, CancelScope scope) override {
     asio::post(strand_,
                [self = shared_from_this(), op, sequence, scope] { self->cancel_outstanding(op, sequence, scope); });
@@ -161,7 +163,8 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
   const std::vector<std::uint8_t>& local_address() const noexcept override { return addresses_.current(); }
   EndpointInfo describe() const override { return endpoint_.describe(); }
   const Configuration& configuration() const noexcept override { return configuration_; }
-  asio::any_io_executor strand() const noexcept override { return strand_; }
+  std::vector<std::vector<std::uint8_t>> endpoint_addresses() const override { return {addresses_.current()}; }
+  std::size_t endpoints() const noexcept override { return 1; }
   Metrics metrics() const noexcept override {
     Metrics m;
     poster_.report(m);
@@ -182,7 +185,17 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
   // ---- strand --------------------------------------------------------------------------------
   // The application vouches for the peer (add_peer): a back-off from an earlier incarnation at
   // this address ends, where a transfer that merely names the address would find it.
-  std::error_code insert_peer(std::uint64_t client_id, std::span<const std::uint8_t> address) override {
+  void insert_peer(std::uint64_t client_id, std::vector<std::uint8_t> address, Done done) override {
+    asio::post(strand_, [self = shared_from_this(), client_id, address = std::move(address), done = std::move(done)] {
+      done(self->insert_peer_now(client_id, address));
+    });
+  }
+  void pin(std::uintptr_t base, std::size_t length, std::shared_ptr<void> keep_alive, Done done) override {
+    asio::post(strand_,
+               [self = shared_from_this(), base, length, keep_alive = std::move(keep_alive),
+                done = std::move(done)]() mutable { done(self->pin_now(base, length, std::move(keep_alive))); });
+  }
+  std::error_code insert_peer_now(std::uint64_t client_id, std::span<const std::uint8_t> address) {
     if (!peers_ || shutdown_.stopping()) return errc::not_open;
     std::error_code ec;
     (void)peers_->insert(client_id, address, ec);
@@ -191,7 +204,7 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
     }
     return ec;
   }
-  std::error_code pin(std::uintptr_t base, std::size_t length, std::shared_ptr<void> keep_alive) override {
+  std::error_code pin_now(std::uintptr_t base, std::size_t length, std::shared_ptr<void> keep_alive) {
     if (shutdown_.closed() || !peers_) return errc::not_open;
     return registrar_.pin(base, length, std::move(keep_alive));
   }
@@ -663,8 +676,8 @@ DrainPosition drain_position() noexcept {
   return *current_drain == DrainPlace::more ? DrainPosition::more : DrainPosition::last;
 }
 
-std::shared_ptr<Engine> Engine::create(const asio::any_io_executor& executor, const Configuration& configuration,
-                                       std::error_code& ec, std::string& what) {
+std::shared_ptr<Engine> open_engine(const asio::any_io_executor& executor, const Configuration& configuration,
+                                    std::error_code& ec, std::string& what) {
   std::shared_ptr<Engine> engine;
   // An io_context's own executor gets an engine that calls it directly. Asio's
   // any_executor::target<T>() casts without checking the type (Asio 1.22), so the type is compared

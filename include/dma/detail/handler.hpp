@@ -11,6 +11,9 @@
 #include <asio/post.hpp>
 #include <asio/use_awaitable.hpp>
 
+#include <functional>
+#include <memory>
+#include <system_error>
 #include <type_traits>
 #include <utility>
 
@@ -54,6 +57,20 @@ void post_with_allocator(Executor&& executor, Handler&& handler, Args&&... args)
                  allocator, [handler = std::forward<Handler>(handler), ... args = std::forward<Args>(args)]() mutable {
                    std::move(handler)(std::move(args)...);
                  }));
+}
+
+/// A copyable callback for the engine's setup steps (add_peer()'s insertion, register_region()'s
+/// pin), which run elsewhere and call back once: it keeps the move-only handler and its work
+/// guard, and calls finish(work, handler, ec) with them.
+template <typename Work, typename Handler, typename Finish>
+std::function<void(std::error_code)> setup_done(Work&& work, Handler&& handler, Finish finish) {
+  struct Held {
+    std::decay_t<Work> work;
+    std::decay_t<Handler> handler;
+    Finish finish;
+  };
+  auto held = std::make_shared<Held>(Held{std::forward<Work>(work), std::forward<Handler>(handler), std::move(finish)});
+  return [held](std::error_code ec) { held->finish(std::move(held->work), std::move(held->handler), ec); };
 }
 
 }  // namespace dma::detail

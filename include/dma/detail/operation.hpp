@@ -75,12 +75,15 @@ struct Operation {  // NOLINT(cppcoreguidelines-pro-type-member-init): engine_st
 
   TransferFields request;  ///< as submitted
 
-  // Filled in on the strand, by functions->resolve (from what submit() resolved, with several
-  // endpoints).
+  // Filled in by functions->resolve: on the strand, or in submit() with several endpoints.
   std::byte* buffer = nullptr;  ///< the operand; null when it is a list (OperandLists::local_list)
   std::size_t length = 0;       ///< the transfer's: a write's source size, a read's requested length
   std::uint8_t lists = 0;       ///< OperandLists bits, from resolve()
   std::uint64_t sequence = 0;   ///< tells a recycled address from the operation a canceller saw
+  /// Resolved already, in submit() of a service with several endpoints: functions->resolve
+  /// returns early_error instead of asking the context again.
+  bool resolved_early = false;
+  dma::errc early_error{};
 
   /// The engine's own state of the transfer (its queues, peer, deadline, registration, posts),
   /// opaque here so that the engine can change without changing this layout: begun when the

@@ -218,6 +218,10 @@ class FabricService {
   /// The (first) endpoint's fabric address, to send to peers (efa-direct peers must insert it
   /// first).
   std::span<const std::uint8_t> local_address() const noexcept { return inner_.local_address(); }
+  /// Every endpoint's fabric address, in order (one per Configuration::endpoints).
+  std::vector<std::vector<std::uint8_t>> endpoint_addresses() const { return inner_.endpoint_addresses(); }
+  /// How many endpoints the service opened (Configuration::endpoints); 0 before start().
+  std::size_t endpoints() const noexcept { return inner_.endpoints(); }
   /// The (first) endpoint's provider, attributes and limits.
   EndpointInfo describe() const { return inner_.describe(); }
   /// The service's counters and latency histogram since it started (see dma::Metrics). Any

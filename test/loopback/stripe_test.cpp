@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <mutex>
 #include <set>
 
 using dma::Direction;
@@ -199,4 +200,57 @@ TEST_CASE("endpoints outside 1 to 16 are refused", "[loopback][stripe]") {
   service.open(c, ec);
   CHECK(ec == dma::errc::invalid_configuration);
   CHECK_FALSE(service.is_open());
+}
+
+TEST_CASE("the callback service stripes over several endpoints, with the CRC it computes on its pool",
+          "[loopback][stripe][callback]") {
+  constexpr int total = 8;
+  constexpr std::size_t size = test::mib + 4321;
+  test::RemoteBuffer remote(total * size);
+  std::mutex mutex;
+  std::vector<dma::Completion<test::Payload>> done;
+  auto pool = std::make_shared<dma::Pool>(2);
+  auto service = dma::FabricService<test::Payload>::start(
+      with_endpoints(2), [&](std::span<dma::Completion<test::Payload>> batch) {
+        std::lock_guard lock(mutex);
+        for (auto& c : batch)
+          done.push_back(std::move(c));
+      },
+      pool);
+  REQUIRE(service->endpoints() == 2);
+  const auto addresses = service->endpoint_addresses();
+  REQUIRE(addresses.size() == 2);
+  CHECK(addresses[0] != addresses[1]);
+
+  std::vector<std::vector<std::byte>> sent;
+  for (int i = 0; i < total; ++i) {
+    sent.push_back(test::pattern(size, static_cast<unsigned>(i + 7)));
+    auto request = remote.request(Direction::ToPeer, test::Payload{sent.back()}, 0, i * size);
+    request.want_checksum = true;
+    REQUIRE_FALSE(service->submit(std::move(request)));
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  auto count = [&] {
+    std::lock_guard lock(mutex);
+    return done.size();
+  };
+  while (count() < total && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  const dma::Metrics m = service->metrics();
+  service.reset();
+
+  REQUIRE(done.size() == total);
+  std::set<std::uint32_t> crcs;
+  for (const auto& c : done) {
+    INFO(c.outcome.message());
+    REQUIRE(c.outcome.ok());
+    CHECK(c.outcome->bytes == size);
+    REQUIRE(c.outcome->checksum.has_value());
+    CHECK(*c.outcome->checksum == dma::checksum(c.caller_context.bytes));
+    crcs.insert(*c.outcome->checksum);
+  }
+  CHECK(crcs.size() == total);
+  for (int i = 0; i < total; ++i)
+    CHECK(std::equal(sent[i].begin(), sent[i].end(), remote.memory().begin() + i * size));
+  CHECK(m.completed == 2 * total);  // each part is a transfer of its endpoint
 }

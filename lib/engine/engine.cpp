@@ -20,6 +20,7 @@
 #include "connection_cut.hpp"
 #include "counter.hpp"
 #include "cq_watcher.hpp"
+#include "hosts.hpp"
 #include "intake.hpp"
 #include "latency_recorder.hpp"
 #include "ledger.hpp"
@@ -82,7 +83,6 @@ std::error_code check(const Configuration& c, std::string& what) {
 template <typename Inner>
 class EngineImpl final : public Engine, public std::enable_shared_from_this<EngineImpl<Inner>> {
   using strand_type = asio::strand<Inner>;
-  using std::enable_shared_from_this<EngineImpl<Inner>>::shared_from_this;
   using Watcher = CqWatcher<strand_type>;
   // Typed on the strand itself: an any_io_executor holding a strand is too big for its small
   // buffer, and every copy of it (one per completion) would allocate.
@@ -321,6 +321,53 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
     finish_segmented(op);
   }
 
+  // The shutdown's host (ShutdownHost), besides the poster's.
+  using std::enable_shared_from_this<EngineImpl<Inner>>::shared_from_this;
+  // After any activity: make sure something will look at the CQ again, and that the backstop
+  // (which also runs the deadline sweep) ticks while anything is outstanding.
+  void schedule_progress(bool poll_again = false) {
+    if (shutdown_.closed()) return;
+    if (poster_.idle()) {
+      if (shutdown_.stopping()) return shutdown_.close(*this);
+      return release_waits();
+    }
+    auto self = shared_from_this();
+    if (poster_.in_flight() == 0) {
+      // Every peer with work refused its post (a connection forming or refused): the fd fires when
+      // a connection comes up, and a retry timer backs off from 1 ms to the backstop interval.
+      (void)watcher_.try_arm(self);
+      watcher_.arm_backstop(stall_retry_, self);
+      stall_retry_ = std::min<std::chrono::nanoseconds>(stall_retry_ * 2, configuration_.backstop_interval);
+      return;
+    }
+    stall_retry_ = std::chrono::milliseconds(1);
+    watcher_.arm_backstop(self);
+    if (watcher_.wait(self, poll_again) != CqWaited::armed) return;
+    if (reap() == 0) return;  // the read after arming (CqWaited::armed)
+    watcher_.armed_late_found();
+    post_pending();
+    if (poster_.idle()) release_waits();
+  }
+  // The current endpoint's CQ, then those of replaced endpoints still returning transfers.
+  std::size_t drain_cqs() {
+    drain_stamped_ = false;
+    std::size_t finished = watcher_.drain(endpoint_.cq(), *this);
+    if (reclaimer_.retiring() != 0) {
+      reclaimer_.for_each_retired_cq([&](fid_cq* cq) { finished += watcher_.drain(cq, *this); });
+    }
+    return finished;
+  }
+  // The endpoints are closed and op's posts never came back (shutdown): settles them all.
+  void abandoned(Operation* op) {
+    if (state(*op).segments == nullptr) return returned(op);
+    SegmentTracker& tracker = state(*op).segments->tracker;
+    tracker.for_each_in_flight([&](SegmentSlot& slot) {
+      segment_returned(*op, slot);
+      (void)tracker.returned(slot, errc::shutdown);
+    });
+    (void)poster_.withdraw(op);
+  }
+
  private:
   static constexpr std::size_t eager_post_bytes = std::size_t{64} * 1024;
   // Passes one progress() runs back to back while each reaps and asks for another look; what
@@ -362,32 +409,6 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
   }
 
   // ---- progress ------------------------------------------------------------------------------
-  // After any activity: make sure something will look at the CQ again, and that the backstop
-  // (which also runs the deadline sweep) ticks while anything is outstanding.
-  void schedule_progress(bool poll_again = false) {
-    if (shutdown_.closed()) return;
-    if (poster_.idle()) {
-      if (shutdown_.stopping()) return shutdown_.close(*this);
-      return release_waits();
-    }
-    auto self = shared_from_this();
-    if (poster_.in_flight() == 0) {
-      // Every peer with work refused its post (a connection forming or refused): the fd fires when
-      // a connection comes up, and a retry timer backs off from 1 ms to the backstop interval.
-      (void)watcher_.try_arm(self);
-      watcher_.arm_backstop(stall_retry_, self);
-      stall_retry_ = std::min<std::chrono::nanoseconds>(stall_retry_ * 2, configuration_.backstop_interval);
-      return;
-    }
-    stall_retry_ = std::chrono::milliseconds(1);
-    watcher_.arm_backstop(self);
-    if (watcher_.wait(self, poll_again) != CqWaited::armed) return;
-    if (reap() == 0) return;  // the read after arming (CqWaited::armed)
-    watcher_.armed_late_found();
-    post_pending();
-    if (poster_.idle()) release_waits();
-  }
-
   // One pass: drain, post what the drain made room for, wait again. While passes reap and ask to
   // look once more, the next look runs at once, up to inline_passes in all: as a handler of its
   // own it would first wait for a round of the executor's queue, which runs the reactor (an
@@ -437,16 +458,6 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
     return finished;
   }
 
-  // The current endpoint's CQ, then those of replaced endpoints still returning transfers.
-  std::size_t drain_cqs() {
-    drain_stamped_ = false;
-    std::size_t finished = watcher_.drain(endpoint_.cq(), *this);
-    if (reclaimer_.retiring() != 0) {
-      reclaimer_.for_each_retired_cq([&](fid_cq* cq) { finished += watcher_.drain(cq, *this); });
-    }
-    return finished;
-  }
-
   // ---- completion ----------------------------------------------------------------------------
   // One clock reading per drain, at its first completion: every completion of the drain is
   // stamped with it, and what the drain's handlers submit is accepted at it (not at an older
@@ -464,16 +475,6 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
     if (s.suspect) s.peer->flow.isolating = false;
     if (reclaimer_.returned(*op)) reclaim_due_ = true;
     poster_.returned(s.peer->flow);
-  }
-  // The endpoints are closed and op's posts never came back (shutdown): settles them all.
-  void abandoned(Operation* op) {
-    if (state(*op).segments == nullptr) return returned(op);
-    SegmentTracker& tracker = state(*op).segments->tracker;
-    tracker.for_each_in_flight([&](SegmentSlot& slot) {
-      segment_returned(*op, slot);
-      (void)tracker.returned(slot, errc::shutdown);
-    });
-    (void)poster_.withdraw(op);
   }
 
   // ---- segmented transfers ------------------------------------------------------------------
@@ -642,8 +643,6 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
     return closed_one;
   }
 
-  friend class Shutdown<Watcher, Timer>;
-
   Configuration configuration_;
   Log log_;
   strand_type strand_;
@@ -668,6 +667,14 @@ class EngineImpl final : public Engine, public std::enable_shared_from_this<Engi
   bool reclaim_due_ = false;             ///< a replaced endpoint holds only doomed transfers now
   Counter joined_pass_, context_less_errors_, queue_errors_, segmented_, reposted_, isolated_retries_;
 };
+
+static_assert(PosterHost<EngineImpl<asio::io_context::executor_type>> && PosterHost<EngineImpl<asio::any_io_executor>>);
+static_assert(ShutdownHost<EngineImpl<asio::io_context::executor_type>> &&
+              ShutdownHost<EngineImpl<asio::any_io_executor>>);
+static_assert(CqEventHost<EngineImpl<asio::io_context::executor_type>> &&
+              CqEventHost<EngineImpl<asio::any_io_executor>>);
+static_assert(CqDrainSink<EngineImpl<asio::io_context::executor_type>, fi_cq_entry> &&
+              CqDrainSink<EngineImpl<asio::any_io_executor>, fi_cq_entry>);
 
 }  // namespace
 

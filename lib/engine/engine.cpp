@@ -11,8 +11,11 @@
 //   (sorting)       completion_error.*      what an error completion means for its transfer and peer
 //   Shutdown        shutdown.hpp            the grace period, the flush, the close, the abandon
 //   AddressHistory  address_history.hpp     every local address so far, the current one last
+//   (protocols)     hosts.hpp               what the parts may call on the engine, as concepts
 //
-// The engine itself sets the parts up, wires them together, accepts transfers, and runs the passes.
+// The engine itself sets the parts up, wires them together, accepts transfers, and runs the passes:
+// EngineImpl in engine_impl.hpp, its hot path compiled here (open_engine instantiates it), the rest
+// in engine_slow_path.cpp.
 #include "engine_impl.hpp"
 #include "open_engine.hpp"
 

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "cq_error.hpp"
+#include "hosts.hpp"
 #include "ledger.hpp"
 #include "log.hpp"
 #include "operation_state.hpp"
@@ -40,8 +41,8 @@ ErrorSort sort_error(int err, Doom doom) noexcept;
 
 /// Applies what an error completion of op says about its peer: a lost connection marks it for a
 /// reconnect (logged once per teardown), an unreachable peer is marked so and has its queue
-/// failed (through host, a Poster host). Returns the sort, whose error the transfer reports.
-template <typename Host>
+/// failed (through host, which completes them). Returns the sort, whose error the transfer reports.
+template <QueueFailHost Host>
 ErrorSort sort_failure(Operation* op, const fi_cq_err_entry& entry, const std::string& detail, Poster& poster,
                        const Log& log, Host& host) {
   const ErrorSort sort = sort_error(entry.err, state(*op).doom);
@@ -65,7 +66,7 @@ ErrorSort sort_failure(Operation* op, const fi_cq_err_entry& entry, const std::s
 }
 
 /// Completes op, which the provider handed back with the error entry, by its sort (sort_failure).
-template <typename Host>
+template <QueueFailHost Host>
 void finish_failed(Operation* op, const fi_cq_err_entry& entry, std::string detail, Ledger& ledger, Poster& poster,
                    const Log& log, Host& host) {
   const ErrorSort sort = sort_failure(op, entry, detail, poster, log, host);

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "counter.hpp"
+#include "hosts.hpp"
 #include "log.hpp"
 #include "peer_table.hpp"
 #include "poster.hpp"
@@ -141,7 +142,7 @@ class Ledger {
   /// posted transfer timed out is marked unreachable, after the sweep, so its other transfers
   /// that timed out too report the deadline. One comparison unless the earliest deadline passed.
   /// Returns whether it doomed or failed anything.
-  template <typename Host>
+  template <QueueFailHost Host>
   bool sweep(Clock::time_point now, Reclaimer& reclaimer, Poster& poster, Host& host);
 
   std::uint64_t completed() const noexcept { return completed_.get(); }
@@ -185,7 +186,7 @@ class Ledger {
   static inline const Log default_log_{};
 };
 
-template <typename Host>
+template <QueueFailHost Host>
 bool Ledger::sweep(Clock::time_point now, Reclaimer& reclaimer, Poster& poster, Host& host) {
   if (now < next_deadline_) return false;
   next_deadline_ = Clock::time_point::max();

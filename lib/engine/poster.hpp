@@ -5,26 +5,13 @@
 // entry before the peer's next post.
 //
 // The poster owns the scheduling state (the round-robin, the queued and in-flight counts); its
-// Host does the rest: the local descriptor, the libfabric post, the bookkeeping of a posted
-// transfer, a fresh AV entry, and the completion of a transfer that failed here.
-//
-//   std::error_code Host::prepare(Operation&);
-//   void Host::fail_prepared(Operation*, std::error_code);      // prepare() refused it
-//   ssize_t Host::post(Operation&, fi_addr_t peer, bool more);   // 0, -FI_EAGAIN or an error
-//   void Host::posted(Operation&);
-//   std::error_code Host::refresh(Peer&);
-//   void Host::fail_queued(Operation*, std::error_code, std::string detail);
-//
-// A transfer that takes several posts (Operation::segments, lib/engine/segmenter.hpp) stays at the front
-// of its peer's queue until its last post is taken; each post takes a credit of its own. Its host
-// says what may happen next:
-//   SegmentStep Host::segment_step(Operation&);      // post now, wait for a return, or stop
-//   bool Host::segment_continues(const Operation&);  // another post of it can follow at once
-//   bool Host::segment_all_posted(const Operation&);
-//   void Host::stop_segmented(Operation*);           // SegmentStep::stop: it completes now
+// host (PosterHost, hosts.hpp) does the rest. A transfer that takes several posts
+// (Operation::segments, lib/engine/segmenter.hpp) stays at the front of its peer's queue until its
+// last post is taken; each post takes a credit of its own.
 #pragma once
 
 #include "counter.hpp"
+#include "hosts.hpp"
 #include "log.hpp"
 #include "peer_flow.hpp"
 #include "peer_table.hpp"
@@ -88,13 +75,6 @@ inline ssize_t post_rma(fid_ep* endpoint, Operation& op, fi_addr_t peer, bool mo
   return fi_readmsg(endpoint, &msg, flags);
 }
 
-/// What the poster may do with a segmented transfer at the front of its peer's queue.
-enum class SegmentStep : std::uint8_t {
-  post,  ///< its next post is filled and may go now
-  wait,  ///< not now: its window is full, or its last post (with immediate data) waits for the rest
-  stop,  ///< it failed or was doomed with nothing in flight: take it out and complete it
-};
-
 /// "1s", "250ms", "10µs" or "7ns": the largest unit that divides d.
 std::string duration_text(std::chrono::nanoseconds d);
 
@@ -132,7 +112,7 @@ class Poster {
 
   /// Posts while credits last. A peer that refuses a post (-FI_EAGAIN) is parked until the next
   /// call (which follows the next drain, or the next intake); the others go on.
-  template <typename Host>
+  template <PosterHost Host>
   void post_pending(Host& host);
 
   /// The provider handed back one of flow's posted transfers.
@@ -157,7 +137,7 @@ class Poster {
   }
 
   /// Fails every transfer in flow's queue with ec.
-  template <typename Host>
+  template <QueueFailHost Host>
   void fail_queue(PeerFlow& flow, std::error_code ec, const std::string& detail, Host& host) {
     flows_.remove(flow);
     while (!flow.queue.empty()) {
@@ -168,7 +148,7 @@ class Poster {
   }
 
   /// Fails the queued transfers of flow that are doomed (past their deadline), in one pass.
-  template <typename Host>
+  template <QueueFailHost Host>
   void fail_doomed(PeerFlow& flow, std::error_code ec, const std::string& detail, Host& host) {
     flow.queue.remove_if([](const Operation& op) { return state(op).doom != Doom::none; },
                          [&](Operation* op) {
@@ -179,7 +159,7 @@ class Poster {
   }
 
   /// Fails flow's queue with ec and makes its next transfers fail at once for the back-off.
-  template <typename Host>
+  template <QueueFailHost Host>
   void mark_unreachable(PeerFlow& flow, Clock::time_point now, std::error_code ec, const std::string& detail,
                         Host& host) {
     flow.mark_unreachable(now, limits_.backoff, limits_.backoff_max);
@@ -227,7 +207,7 @@ class Poster {
   // The peer's connection broke: its AV entry is replaced before its next post, once none of its
   // transfers is posted any more (the provider must not see the old entry go while it still holds
   // transfers on it). Returns whether the flow may post now.
-  template <typename Host>
+  template <PosterHost Host>
   bool reconnect(Peer& peer, Host& host) {
     PeerFlow& flow = peer.flow;
     if (flow.in_flight != 0) {
@@ -254,7 +234,7 @@ class Poster {
   // unreachable: rxm and tcp report a refused, rejected or unanswered connection only this way.
   // Halfway there, a plain TCP connect to the peer's address starts beside libfabric's, so that
   // the failure can say which it was (connect_probe.hpp).
-  template <typename Host>
+  template <QueueFailHost Host>
   void stalled(PeerFlow& flow, Host& host) {
     const auto now = Clock::now();
     if (flow.stalled_since == Clock::time_point{}) flow.stalled_since = now;
@@ -319,7 +299,7 @@ class Poster {
   Counter posted_, returned_, eagain_, reconnects_, marked_unreachable_;
 };
 
-template <typename Host>
+template <PosterHost Host>
 void Poster::post_pending(Host& host) {
   if (flows_.any_parked()) flows_.unpark_all();
   while (in_flight_ < limits_.limit) {

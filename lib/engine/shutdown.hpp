@@ -9,14 +9,11 @@
 // every MR of the domain closes before the domain does. All of it runs on the engine's strand
 // (abandon() in the engine's destructor).
 //
-// The Host is the engine: a Poster host, plus
-//   std::size_t Host::drain_cqs();           // every CQ still returning transfers, once
-//   void Host::returned(Operation*);         // the bookkeeping of a transfer handed back
-//   void Host::schedule_progress();
-//   std::shared_ptr<Host> Host::shared_from_this();
+// Its host is the engine, through the public ShutdownHost protocol (hosts.hpp).
 #pragma once
 
 #include "completion_error.hpp"
+#include "hosts.hpp"
 #include "intake.hpp"
 #include "ledger.hpp"
 #include "log.hpp"
@@ -58,11 +55,11 @@ class Shutdown {
   /// close() ran: the endpoint and its CQ are gone.
   bool closed() const noexcept { return closed_; }
 
-  template <typename Host>
+  template <ShutdownHost Host>
   void begin(Host& host);
-  template <typename Host>
+  template <ShutdownHost Host>
   void flush(Host& host);
-  template <typename Host>
+  template <ShutdownHost Host>
   void close(Host& host);
   void abandon() noexcept;
 
@@ -79,7 +76,7 @@ class Shutdown {
 // Fails what was never posted, gives posted transfers progress_deadline to finish, then hands back
 // the rest by closing the endpoints.
 template <typename Watcher, typename Timer>
-template <typename Host>
+template <ShutdownHost Host>
 void Shutdown<Watcher, Timer>::begin(Host& host) {
   if (stopping_) return;
   stopping_ = true;
@@ -116,7 +113,7 @@ void Shutdown<Watcher, Timer>::begin(Host& host) {
 // Posted operations that outlived the grace period: closing the endpoints makes the provider hand
 // every one of them back (FI_ECANCELED), and only then is their memory released.
 template <typename Watcher, typename Timer>
-template <typename Host>
+template <ShutdownHost Host>
 void Shutdown<Watcher, Timer>::flush(Host& host) {
   parts_.log(LogLevel::warning, [&] {
     return "shutdown grace over: " + std::to_string(parts_.poster.in_flight()) +
@@ -133,7 +130,7 @@ void Shutdown<Watcher, Timer>::flush(Host& host) {
 }
 
 template <typename Watcher, typename Timer>
-template <typename Host>
+template <ShutdownHost Host>
 void Shutdown<Watcher, Timer>::close(Host& host) {
   if (closed_) return;
   closed_ = true;

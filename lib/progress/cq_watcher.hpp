@@ -30,6 +30,7 @@
 #include <poll.h>
 
 #include <algorithm>
+#include <concepts>
 #include <memory>
 #include <optional>
 #include <string>
@@ -64,6 +65,33 @@ enum class CqEvent : std::uint8_t { wake, poll, backstop };
 /// once more: an edge that fired between fi_trywait and the arm is lost to an epoll reactor (which
 /// registers the descriptor edge-triggered), and that read catches whatever it announced.
 enum class CqWaited : std::uint8_t { polling, armed, already_armed, backstop };
+
+/// What a sink receives for a successful entry: the op_context for fi_cq_entry
+/// (FI_CQ_FORMAT_CONTEXT), the whole entry otherwise (fi_cq_data_entry, FI_CQ_FORMAT_DATA).
+template <typename Entry>
+using CqDelivered = std::conditional_t<std::is_same_v<Entry, fi_cq_entry>, void*, const Entry&>;
+
+/// Where CqWatcher::read_some() hands entries: completed(delivered, place) for each successful one,
+/// failed(cq, entry) for an error entry, returning how many operations that finished (0 or 1).
+template <typename Sink, typename Entry>
+concept CqReadSink = requires(Sink& sink, CqDelivered<Entry> delivered, fid_cq* cq, const fi_cq_err_entry& error) {
+  sink.completed(delivered, DrainPlace::more);
+  { sink.failed(cq, error) } -> std::convertible_to<std::size_t>;
+};
+
+/// Where CqWatcher::drain() hands entries: a CqReadSink, and first_done() after the first
+/// completion that follows each read, for a host that batches.
+template <typename Sink, typename Entry>
+concept CqDrainSink = CqReadSink<Sink, Entry> && requires(Sink& sink) {
+  sink.first_done();
+};
+
+/// The host of the watcher's asynchronous waits, which call host->on_cq_event(event) with the host
+/// kept alive by the shared_ptr the wait holds.
+template <typename Host>
+concept CqEventHost = requires(Host& host) {
+  host.on_cq_event(CqEvent::wake);
+};
 
 /// Entry is the CQ's entry type: fi_cq_entry (FI_CQ_FORMAT_CONTEXT), whose sinks receive the
 /// op_context, or fi_cq_data_entry (FI_CQ_FORMAT_DATA), whose sinks receive the whole entry.
@@ -138,7 +166,7 @@ class CqWatcher {
   /// entry, returning 1 when it finished an operation. The last entry of a full read is held until the next read says
   /// whether more follow. Never spins on -FI_EAVAIL: a failing fi_cq_readerr ends the drain. Returns how many
   /// operations it finished.
-  template <typename Sink>
+  template <CqDrainSink<Entry> Sink>
   std::size_t drain(fid_cq* cq, Sink& sink) {
     std::size_t finished = 0;
     Entry held{};
@@ -192,7 +220,7 @@ class CqWatcher {
   /// DrainPlace::more). A limit of 0 takes none: on a provider whose CQ is libfabric's util CQ
   /// (tcp, shm) that still makes progress, and reports whether entries are held. An error entry
   /// goes to sink.failed(cq, entry).
-  template <typename Sink>
+  template <CqReadSink<Entry> Sink>
   Read read_some(fid_cq* cq, Sink& sink, std::size_t limit) {
     const std::size_t asked = std::min(limit, entries_.size());
     const ssize_t n = fi_cq_read(cq, entries_.data(), asked);
@@ -219,7 +247,7 @@ class CqWatcher {
 
   /// After a pass, as the policy says: posts a polling pass, arms the fd (fi_trywait first), or
   /// leaves it to the backstop. fi_trywait reporting work counts as activity and polls.
-  template <typename Host>
+  template <CqEventHost Host>
   Waited wait(const std::shared_ptr<Host>& host, bool poll_again) {
     switch (policy_.after_pass(poll_again)) {
       case WaitPolicy::Next::poll:
@@ -239,7 +267,7 @@ class CqWatcher {
 
   /// fi_trywait, then one async_wait on the fd; false without an fd or when the provider says not
   /// to wait. The call is mandatory, not an optimisation: tcp updates its epoll interest inside it.
-  template <typename Host>
+  template <CqEventHost Host>
   bool try_arm(const std::shared_ptr<Host>& host) {
     if (wait_armed_) return true;
     if (!descriptor_) return false;
@@ -254,7 +282,7 @@ class CqWatcher {
   }
 
   /// One polling pass at a time, each a handler of its own.
-  template <typename Host>
+  template <CqEventHost Host>
   void schedule_poll(const std::shared_ptr<Host>& host) {
     if (poll_scheduled_) return;
     poll_scheduled_ = true;
@@ -262,12 +290,12 @@ class CqWatcher {
   }
 
   /// Arms the backstop for the configured backstop_interval unless it is armed already.
-  template <typename Host>
+  template <CqEventHost Host>
   void arm_backstop(const std::shared_ptr<Host>& host) {
     arm_backstop(interval_, host);
   }
   /// Arms the backstop for interval unless it is armed already.
-  template <typename Host>
+  template <CqEventHost Host>
   void arm_backstop(std::chrono::nanoseconds interval, const std::shared_ptr<Host>& host) {
     if (backstop_armed_) return;
     backstop_armed_ = true;
@@ -326,7 +354,7 @@ class CqWatcher {
 
   static inline const Log default_log_{};
 
-  template <typename Sink>
+  template <CqReadSink<Entry> Sink>
   static void hand(Sink& sink, const Entry& entry, DrainPlace place) {
     if constexpr (std::is_same_v<Entry, fi_cq_entry>) {
       sink.completed(entry.op_context, place);

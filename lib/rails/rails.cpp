@@ -28,7 +28,10 @@ std::shared_ptr<Rails> Rails::open(const asio::any_io_executor& executor, const 
   for (std::size_t k = 0; k < configuration.endpoints; ++k) {
     auto engine = open_engine(executor, rail_configuration(configuration, k), ec, what);
     if (!engine) {
-      what = "endpoint " + std::to_string(k) + ": " + what;
+      std::string prefix = "endpoint ";
+      prefix += std::to_string(k);
+      prefix += ": ";
+      what.insert(0, prefix);
       for (auto& opened : rails)
         opened->shutdown();
       return nullptr;

@@ -72,7 +72,7 @@ struct StripeJoin::PartOp final : Operation {
 StripeJoin::StripeJoin(std::shared_ptr<Rails> rails, Operation* caller) noexcept
     : rails_(std::move(rails)), caller_(caller), sequence_(caller->sequence) {}
 
-void StripeJoin::start(std::shared_ptr<Rails> rails, Operation* caller, std::span<std::byte> operand,
+void StripeJoin::start(const std::shared_ptr<Rails>& rails, Operation* caller, std::span<std::byte> operand,
                        std::size_t parts) {
   const TransferFields& fields = caller->request;
   // A read with immediate data is refused at acceptance, on the one part that carries it.

@@ -50,7 +50,8 @@ class StripeJoin {
   /// Splits caller (resolved, a contiguous operand of operand.size() bytes; empty for a warm-up)
   /// into `parts` transfers, one per endpoint of rails, and submits them. caller completes once,
   /// when all are back.
-  static void start(std::shared_ptr<Rails> rails, Operation* caller, std::span<std::byte> operand, std::size_t parts);
+  static void start(const std::shared_ptr<Rails>& rails, Operation* caller, std::span<std::byte> operand,
+                    std::size_t parts);
 
   /// Whether this join is the one a canceller of (caller, sequence) saw.
   bool is(const Operation* caller, std::uint64_t sequence) const noexcept {

@@ -211,7 +211,8 @@ TEST_CASE("the callback service stripes over several endpoints, with the CRC it 
   std::vector<dma::Completion<test::Payload>> done;
   auto pool = std::make_shared<dma::Pool>(2);
   auto service = dma::FabricService<test::Payload>::start(
-      with_endpoints(2), [&](std::span<dma::Completion<test::Payload>> batch) {
+      with_endpoints(2),
+      [&](std::span<dma::Completion<test::Payload>> batch) {
         std::lock_guard lock(mutex);
         for (auto& c : batch)
           done.push_back(std::move(c));

@@ -1,16 +1,22 @@
 // An outside project's first program: a Target and an asynchronous FabricService in one process
 // over tcp on 127.0.0.1, one 64 KiB write and one read back, both checked byte for byte. CI
-// builds it against an installed dma-libfabric (pkg-config, CMake, Meson subproject).
-#include <dma/dma.hpp>
-#include <dma/version.hpp>
-
+// builds it against an installed dma-libfabric (pkg-config, CMake, Meson subproject). It includes
+// Asio first, as a program may: the package's compile arguments must configure Asio as the
+// library's units are (aligned_alloc for its handlers; docs/design.md, "What the library exports").
 #include <asio/io_context.hpp>
 #include <asio/use_future.hpp>
+
+#include <dma/dma.hpp>
+#include <dma/version.hpp>
 
 #include <chrono>
 #include <cstdio>
 #include <thread>
 #include <vector>
+
+#if defined(_GLIBCXX_HAVE_ALIGNED_ALLOC) && !defined(ASIO_HAS_STD_ALIGNED_ALLOC)
+#error "Asio, included first, allocates its handlers with operator new; the library uses aligned_alloc"
+#endif
 
 namespace {
 

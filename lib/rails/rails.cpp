@@ -56,12 +56,18 @@ Rails::Rails(std::vector<std::shared_ptr<Engine>> rails, const Configuration& co
       configuration_(configuration),
       stripe_threshold_(std::max<std::size_t>(configuration.stripe_threshold, 1)) {}
 
+// Resolves op's operand on the calling thread, and keeps the result for its engine's resolve().
+errc Rails::resolve_here(Operation& op) {
+  const errc error = op.functions->resolve(op);
+  op.resolved_early = true;
+  op.early_error = error;
+  return error;
+}
+
 // The operand is resolved here, once, to tell whether the transfer is striped; one that is not
 // takes what was resolved to its endpoint.
 void Rails::submit(Operation* op) {
-  const errc error = op->functions->resolve(*op);
-  op->resolved_early = true;
-  op->early_error = error;
+  const errc error = resolve_here(*op);
   if (error == errc{} && op->lists == 0 && op->length >= stripe_threshold_) {
     return StripeJoin::start(shared_from_this(), op, std::span<std::byte>(op->buffer, op->length), rails_.size());
   }
@@ -70,9 +76,7 @@ void Rails::submit(Operation* op) {
 
 // A write of no bytes from each endpoint, so that each connects.
 void Rails::warm_up(Operation* op) {
-  const errc error = op->functions->resolve(*op);
-  op->resolved_early = true;
-  op->early_error = error;
+  const errc error = resolve_here(*op);
   if (error != errc{}) return least_loaded().submit(op);  // it fails there, as any transfer would
   StripeJoin::start(shared_from_this(), op, std::span<std::byte>(), rails_.size());
 }

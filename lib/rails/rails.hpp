@@ -60,6 +60,7 @@ class Rails final : public Engine, public std::enable_shared_from_this<Rails> {
   void leave(StripeJoin& join) noexcept;
 
  private:
+  static errc resolve_here(Operation& op);
   // The least loaded endpoint, for a transfer that goes to one.
   Engine& least_loaded() const noexcept;
   void pin_from(std::size_t k, std::uintptr_t base, std::size_t length, std::shared_ptr<void> keep_alive, Done done);

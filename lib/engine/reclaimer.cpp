@@ -64,28 +64,41 @@ void Reclaimer::collect() noexcept {
   std::erase_if(retiring_, [](const Generation& g) { return g.closed && g.in_flight == 0; });
 }
 
-void Reclaimer::close_all() noexcept {
+// The current endpoint holds every connection the process opened since it was replaced, or since
+// it opened: its connections are among the sockets open now.
+void Reclaimer::close_all(fid_cq* current_cq) noexcept {
   for (Generation& g : retiring_)
     if (!g.closed) close(g);
+  if (cut_reads_ && !current_.closed && current_.in_flight != 0) {
+    try {
+      current_.sockets = socket_inodes();
+    } catch (...) {  // out of memory: the close goes ahead uncut
+    }
+    cut_reads(current_, current_cq);
+  }
   current_.closed = true;
 }
 
-// The provider returns what the endpoint still holds to its CQ, as FI_ECANCELED. A cut connection
-// reads end of stream at the next progress: a half-received read fails there, once, and the
-// connection's queues are flushed before fi_close flushes them again.
+// The provider returns what the endpoint still holds to its CQ, as FI_ECANCELED.
 void Reclaimer::close(Generation& g) noexcept {
-  if (cut_reads_ && g.in_flight != g.doomed && read_peers_) {
+  if (cut_reads_) cut_reads(g, g.cq.get());
+  g.endpoint.reset();
+  g.closed = true;
+}
+
+// A cut connection reads end of stream at the next progress: a half-received read fails there,
+// once, and the connection's queues are flushed before fi_close flushes them again.
+void Reclaimer::cut_reads(Generation& g, fid_cq* cq) noexcept {
+  if (g.in_flight != g.doomed && read_peers_) {
     try {
       read_peers_(g.generation, g.read_peers);
     } catch (...) {  // out of memory: the close goes ahead cut only for the doomed reads
     }
   }
-  if (cut_reads_ && !g.read_peers.empty() && shut_down_connections(g.sockets, g.read_peers) != 0 && g.cq) {
+  if (!g.read_peers.empty() && shut_down_connections(g.sockets, g.read_peers) != 0 && cq != nullptr) {
     for (int pass = 0; pass < progress_passes_after_cut; ++pass)
-      (void)fi_cq_read(g.cq.get(), nullptr, 0);  // progress only: reads no entry
+      (void)fi_cq_read(cq, nullptr, 0);  // progress only: reads no entry
   }
-  g.endpoint.reset();
-  g.closed = true;
 }
 
 Reclaimer::Generation& Reclaimer::retiring_of(std::uint32_t generation) noexcept {

@@ -115,8 +115,10 @@ class Reclaimer {
   /// Drops the replaced endpoints whose transfers have all come back, closing their queues.
   void collect() noexcept;
   /// Closes every replaced endpoint (shutdown) and marks the current one closed, for the engine
-  /// closes it itself.
-  void close_all() noexcept;
+  /// closes it itself right after. With cut_reads, the current endpoint's connections to the peers
+  /// of its reads are cut first and `current_cq` progressed: a read half received from a frozen
+  /// peer would otherwise be handed back twice by that close.
+  void close_all(fid_cq* current_cq) noexcept;
   /// Closes the replaced endpoints' queues too (before the domain closes).
   void clear() noexcept { retiring_.clear(); }
 
@@ -135,10 +137,13 @@ class Reclaimer {
     Clock::time_point replaced_at{};
     Fid<fid_ep> endpoint;                               // replaced endpoints only; the current ones are the Endpoint's
     Fid<fid_cq> cq;                                     // closed after the endpoint
-    std::vector<std::uint64_t> sockets;                 // open when it was replaced (cut_reads_)
+    std::vector<std::uint64_t> sockets;                 // open when it was replaced, or at close_all (cut_reads_)
     std::vector<std::vector<std::uint8_t>> read_peers;  // of its doomed reads (cut_reads_)
   };
   void close(Generation& g) noexcept;
+  /// Cuts g's connections to the peers of its reads (those posted and not doomed asked of
+  /// read_peers_), then progresses `cq`.
+  void cut_reads(Generation& g, fid_cq* cq) noexcept;
   void doom_post(const Operation& op, std::uint32_t generation) noexcept;
   Generation& retiring_of(std::uint32_t generation) noexcept;
   const Generation* find(std::uint32_t generation) const noexcept;

@@ -122,7 +122,7 @@ void Shutdown<Watcher, Timer>::flush(Host& host) {
   });
   for (Operation* op = parts_.ledger.oldest(); op != nullptr; op = state(*op).newer)
     parts_.reclaimer.doom(*op, Doom::shutdown);
-  parts_.reclaimer.close_all();
+  parts_.reclaimer.close_all(parts_.endpoint.cq());
   parts_.endpoint.close_endpoint();
   for (int round = 0; round < 100 && parts_.poster.in_flight() > 0; ++round)
     (void)host.drain_cqs();
@@ -136,7 +136,7 @@ void Shutdown<Watcher, Timer>::close(Host& host) {
   closed_ = true;
   parts_.watcher.close();
   timer_.cancel();
-  parts_.reclaimer.close_all();
+  parts_.reclaimer.close_all(parts_.endpoint.cq());
   parts_.endpoint.close_endpoint();
   // Whatever the provider never handed back cannot come back now; the CQs close below.
   if (parts_.ledger.oldest() != nullptr) {
@@ -166,7 +166,7 @@ void Shutdown<Watcher, Timer>::abandon() noexcept {
     destroy(op);
   while (Operation* op = parts_.intake.pop_joined())
     destroy(op);
-  parts_.reclaimer.close_all();
+  parts_.reclaimer.close_all(parts_.endpoint.cq());
   parts_.endpoint.close_endpoint();
   parts_.ledger.destroy_all();  // the endpoints are closed: the provider holds none of these any more
   close_everything();

@@ -11,9 +11,11 @@
 #include "module_api.hpp"
 #include "options.hpp"
 
+#include <strings.h>
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <memory>
@@ -60,12 +62,14 @@ struct Transfer {
   /// DMA.SET: the string the value lands in, stored as it is. DMA.GET from a held value: one more
   /// reference to it, for as long as the write reads it.
   rm::String* value = nullptr;
-  /// DMA.SET: inside `value`. DMA.GET: inside `value`, or a copy taken by RedisModule_Alloc.
+  /// DMA.SET: inside `value`. DMA.GET: inside `value`, or a copy taken by std::malloc.
   std::byte* bytes = nullptr;
   std::size_t length = 0;
   std::optional<std::uint32_t> expected_crc;
   std::optional<std::uint32_t> known_crc;  ///< DMA.GET from a held value: its CRC, not computed again
   std::optional<std::uint64_t> token;      ///< DMA.GET: the client's, sent as the write's immediate data
+  /// DMA.GET from a copy: the client whose copy budget it counts in (its fabric address's bytes).
+  std::optional<std::string> copy_owner;
   dma::Outcome outcome;
   std::int64_t completed_ns = 0;  ///< when the completer handed it over (steady clock)
 };
@@ -93,6 +97,15 @@ struct Counters {
   std::uint64_t get_copies = 0, get_copy_ns = 0, get_copy_bytes = 0;
   std::uint64_t gets_from_held = 0;                     ///< DMA.GETs written straight from a held value
   std::uint64_t set_alloc_ns = 0, set_alloc_bytes = 0;  ///< DMA.SET's value strings (zero-filled)
+  std::uint64_t gets_refused_copy_limit = 0;            ///< a copy over get-copy-limit or the client's
+  std::uint64_t gets_refused_oom = 0;                   ///< a copy that would take used memory over maxmemory
+};
+
+// The bytes DMA.GET copies hold until their writes end, in all and per client (one DMA.HELLO
+// fabric address, whatever connections it uses). Main thread only.
+struct GetCopies {
+  std::uint64_t held = 0;
+  std::unordered_map<std::string, std::uint64_t> by_client;
 };
 
 struct Module {
@@ -107,6 +120,16 @@ struct Module {
   kv::Confirmation confirmation = kv::Confirmation::reply;  ///< what DMA.HELLO tells clients
   std::string address_hex;
   std::unordered_map<std::uint64_t, dma::PeerAddress> peers;  ///< client id -> its DMA.HELLO address
+  std::uint64_t maxmemory = 0;  ///< the server's: read at load and whenever CONFIG SET changes it
+  GetCopies copies;
+
+  std::uint64_t copy_limit() const {
+    return options.get_copy_limit.value_or(maxmemory != 0 ? std::max<std::uint64_t>(maxmemory / 8, 1)
+                                                          : dma_module::default_get_copy_limit);
+  }
+  std::uint64_t copy_client_limit() const {
+    return options.get_copy_client_limit.value_or(std::max<std::uint64_t>(copy_limit() / 4, 1));
+  }
 };
 
 // Never destroyed by the process's exit: the service is stopped by the shutdown event (or unload),
@@ -249,7 +272,13 @@ void release(rm::Ctx*, void* data) {
   if (transfer->value != nullptr) {
     api.FreeString(nullptr, transfer->value);
   } else if (!transfer->set && transfer->bytes != nullptr) {
-    api.Free(transfer->bytes);
+    std::free(transfer->bytes);
+  }
+  if (transfer->copy_owner) {
+    auto& copies = module->copies;
+    copies.held -= transfer->length;
+    const auto it = copies.by_client.find(*transfer->copy_owner);
+    if (it != copies.by_client.end() && (it->second -= transfer->length) == 0) copies.by_client.erase(it);
   }
   delete transfer;
 }
@@ -411,6 +440,33 @@ int dma_set(rm::Ctx* ctx, rm::String** argv, int argc) {
   return rm::ok;
 }
 
+// Why a DMA.GET may not take a copy of `length` bytes for the client `owner` now, or "". A copy is
+// memory held for as long as the client takes to receive it: refused, like any write, while the
+// server is over maxmemory, and over the copy limits; a copy that is alone in its budget is
+// always let through, so that any value stays readable.
+std::string refuse_copy(const std::string& owner, std::size_t length) {
+  auto& m = *module;
+  if (m.maxmemory != 0 && api.GetUsedMemoryRatio() > 1.0F) {
+    ++m.counters.gets_refused_oom;
+    return "OOM command not allowed when used memory > 'maxmemory'.";
+  }
+  const auto over = [&](std::uint64_t held, std::uint64_t limit) { return held != 0 && held + length > limit; };
+  const auto it = m.copies.by_client.find(owner);
+  const std::uint64_t own = it == m.copies.by_client.end() ? 0 : it->second;
+  std::string why;
+  if (over(m.copies.held, m.copy_limit())) {
+    why = "ERR DMA.GET copies hold " + std::to_string(m.copies.held) + " bytes and this value's " +
+          std::to_string(length) + " would pass get-copy-limit (" + std::to_string(m.copy_limit()) +
+          "); retry when transfers end";
+  } else if (over(own, m.copy_client_limit())) {
+    why = "ERR this client's DMA.GET copies hold " + std::to_string(own) + " bytes and this value's " +
+          std::to_string(length) + " would pass get-copy-client-limit (" + std::to_string(m.copy_client_limit()) +
+          "); retry when its transfers end";
+  }
+  if (!why.empty()) ++m.counters.gets_refused_copy_limit;
+  return why;
+}
+
 int dma_get(rm::Ctx* ctx, rm::String** argv, int argc) {
   if (argc != 5 && argc != 6) return api.WrongArity(ctx);
   const dma::PeerAddress* peer = peer_of(ctx, "DMA.GET");
@@ -463,18 +519,34 @@ int dma_get(rm::Ctx* ctx, rm::String** argv, int argc) {
   }
   // Any other value may change in place (APPEND, SETRANGE) or go (DEL) once this command
   // returns, and Redis 7.0 has no call that holds a key's value: the transfer writes from a copy.
+  // The copy is the module's memory, not the server's (std::malloc, outside used_memory): it
+  // lives as long as the client takes, which the server's eviction cannot shorten, so counting
+  // it there would make the server evict keys to make room for memory it cannot free. The copy
+  // limits bound it instead.
+  std::string owner(reinterpret_cast<const char*>(peer->data()), peer->size());
+  if (auto why = refuse_copy(owner, length); !why.empty()) {
+    api.CloseKey(key);
+    return error(ctx, why);
+  }
   const std::int64_t began = now_ns();
-  auto* copy = static_cast<std::byte*>(api.Alloc(length));
+  auto* copy = static_cast<std::byte*>(std::malloc(length));
+  if (copy == nullptr) {
+    api.CloseKey(key);
+    return error(ctx, "ERR out of memory for a DMA.GET copy of " + std::to_string(length) + " bytes");
+  }
   std::memcpy(copy, stored, length);
   api.CloseKey(key);
   counters.get_copy_ns += static_cast<std::uint64_t>(now_ns() - began);
   counters.get_copy_bytes += length;
   ++counters.get_copies;
+  module->copies.held += length;
+  module->copies.by_client[owner] += length;
   auto* transfer = new Transfer;
   transfer->key = view(argv[1]);
   transfer->bytes = copy;
   transfer->length = length;
   transfer->token = token;
+  transfer->copy_owner = std::move(owner);
   start(ctx, transfer, *peer, window->rkey, window->address);
   return rm::ok;
 }
@@ -499,6 +571,7 @@ std::string info_text() {
   line("fabric_address", module->address_hex);
   line("any_fabric_host", module->options.allow_any_fabric_host ? "yes" : "no");
   line("max_value", module->options.max_value);
+  line("maxmemory", module->maxmemory);
   line("get_confirmation", kv::to_string(module->confirmation));
   s += "\r\n# Clients\r\n";
   line("dma_clients", c.dma_clients);
@@ -519,6 +592,11 @@ std::string info_text() {
   line("get_copies", c.get_copies);
   line("get_copy_bytes", c.get_copy_bytes);
   line("get_copy_us", c.get_copy_ns / 1000);
+  line("get_copies_held_bytes", module->copies.held);
+  line("get_copy_limit", module->copy_limit());
+  line("get_copy_client_limit", module->copy_client_limit());
+  line("gets_refused_copy_limit", c.gets_refused_copy_limit);
+  line("gets_refused_oom", c.gets_refused_oom);
   line("gets_from_held", c.gets_from_held);
   line("held_values", module->held.count());
   line("held_bytes", module->held.bytes());
@@ -568,6 +646,26 @@ void client_changed(rm::Ctx*, rm::Event, std::uint64_t subevent, void* data) {
   if (module->peers.erase(client->id) == 0) return;
   --module->counters.dma_clients;
   if (module->service) module->service->remove_peer(client->id);
+}
+
+// The server's maxmemory, which sets the default DMA.GET copy limits.
+void read_maxmemory(rm::Ctx* ctx) {
+  rm::ServerInfoData* info = api.GetServerInfo(ctx, "memory");
+  if (info == nullptr) return;
+  int failed = 0;
+  const unsigned long long value = api.ServerInfoGetFieldUnsigned(info, "maxmemory", &failed);
+  if (failed == rm::ok) module->maxmemory = value;
+  api.FreeServerInfo(ctx, info);
+}
+
+void config_changed(rm::Ctx* ctx, rm::Event, std::uint64_t subevent, void* data) {
+  if (module == nullptr || subevent != 0 || data == nullptr) return;
+  const auto* change = static_cast<const rm::ConfigChange*>(data);
+  for (std::uint32_t i = 0; i < change->num_changes; ++i) {
+    if (change->config_names[i] != nullptr && strcasecmp(change->config_names[i], "maxmemory") == 0) {
+      return read_maxmemory(ctx);
+    }
+  }
 }
 
 void shutting_down(rm::Ctx*, rm::Event, std::uint64_t, void*) {
@@ -628,6 +726,8 @@ int load(rm::Ctx* ctx, rm::String** argv, int argc) {
   api.SubscribeToServerEvent(ctx, rm::event_shutdown, shutting_down);
   api.SubscribeToServerEvent(ctx, rm::event_flushdb, flushing);
   api.SubscribeToServerEvent(ctx, rm::event_swapdb, swapping);
+  api.SubscribeToServerEvent(ctx, rm::event_config, config_changed);
+  read_maxmemory(ctx);
   api.Log(ctx, "notice", "dma: fabric %s, address %s, max-value %zu, DMA.GET confirmed by %s",
           module->info.provider.c_str(), module->address_hex.c_str(), module->options.max_value,
           std::string(kv::to_string(module->confirmation)).c_str());

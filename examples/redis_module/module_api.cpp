@@ -59,6 +59,10 @@ bool bind(Ctx* ctx, const char** missing) {
       slot("GetClientInfoById", api.GetClientInfoById),
       slot("Alloc", api.Alloc),
       slot("Free", api.Free),
+      slot("GetUsedMemoryRatio", api.GetUsedMemoryRatio),
+      slot("GetServerInfo", api.GetServerInfo),
+      slot("FreeServerInfo", api.FreeServerInfo),
+      slot("ServerInfoGetFieldUnsigned", api.ServerInfoGetFieldUnsigned),
   };
   for (const Slot& s : slots) {
     const std::string name = std::string("RedisModule_") + s.name;

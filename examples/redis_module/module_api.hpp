@@ -16,6 +16,7 @@ struct Ctx;
 struct String;
 struct Key;
 struct BlockedClient;
+struct ServerInfoData;
 
 inline constexpr int ok = 0;
 inline constexpr int err = 1;
@@ -50,6 +51,7 @@ inline constexpr Event event_flushdb{2, 1};
 inline constexpr Event event_client_change{4, 1};
 inline constexpr Event event_shutdown{5, 1};
 inline constexpr Event event_swapdb{11, 1};
+inline constexpr Event event_config{16, 1};
 inline constexpr std::uint64_t subevent_client_disconnected = 1;
 inline constexpr std::uint64_t subevent_flushdb_start = 0;
 
@@ -58,6 +60,13 @@ struct FlushInfo {
   std::uint64_t version;
   std::int32_t sync;
   std::int32_t dbnum;
+};
+
+/// What the config event passes (subevent 0: changed): the names of the settings changed.
+struct ConfigChange {
+  std::uint64_t version;
+  std::uint32_t num_changes;
+  const char** config_names;
 };
 
 /// What the swapdb event passes.
@@ -127,6 +136,13 @@ struct Api {
 
   void* (*Alloc)(std::size_t);
   void (*Free)(void*);
+
+  /// Used memory over maxmemory (replicas' output buffers and the AOF buffer left out, as eviction
+  /// leaves them out); 0 without maxmemory.
+  float (*GetUsedMemoryRatio)();
+  ServerInfoData* (*GetServerInfo)(Ctx*, const char* section);
+  void (*FreeServerInfo)(Ctx*, ServerInfoData*);
+  unsigned long long (*ServerInfoGetFieldUnsigned)(ServerInfoData*, const char* field, int* out_err);
 };
 
 /// The bound calls; valid once bind() has succeeded.

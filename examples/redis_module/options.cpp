@@ -57,6 +57,10 @@ std::string parse_options(std::span<const std::string_view> arguments, Options& 
       if (why = parse_number(key, value, 0, number); why.empty()) options.pool_threads = number;
     } else if (key == "transfer-deadline-ms") {
       if (why = parse_number(key, value, 0, number); why.empty()) options.transfer_deadline_ms = number;
+    } else if (key == "get-copy-limit") {
+      if (why = parse_number(key, value, 1, number); why.empty()) options.get_copy_limit = number;
+    } else if (key == "get-copy-client-limit") {
+      if (why = parse_number(key, value, 1, number); why.empty()) options.get_copy_client_limit = number;
     } else if (key == "confirm-gets") {
       if (!kv::parse_confirmation_setting(value, options.confirm_gets)) {
         why = "confirm-gets takes auto, reply or notification, not '" + std::string(value) + "'";
@@ -64,7 +68,7 @@ std::string parse_options(std::span<const std::string_view> arguments, Options& 
     } else {
       why = "unknown argument '" + std::string(key) +
             "' (config, bind, efa, max-value, allow-any-fabric-host, pool-threads, transfer-deadline-ms, "
-            "hold-values, confirm-gets)";
+            "hold-values, confirm-gets, get-copy-limit, get-copy-client-limit)";
     }
     if (!why.empty()) return why;
   }

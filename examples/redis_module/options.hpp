@@ -15,6 +15,9 @@
 
 namespace dma_module {
 
+/// The total DMA.GET copy limit of a server without maxmemory.
+inline constexpr std::uint64_t default_get_copy_limit = std::uint64_t{1} << 30;
+
 struct Options {
   std::string config;  ///< a TOML file whose [dma-libfabric] table configures the service
   std::string bind = "127.0.0.1";
@@ -26,6 +29,12 @@ struct Options {
   std::uint64_t transfer_deadline_ms = 0;        ///< 0: the configuration's
   bool hold_values = true;                       ///< DMA.GET writes from the string DMA.SET stored
   std::optional<kv::Confirmation> confirm_gets;  ///< none: auto, from the endpoint
+  /// Bytes all DMA.GET copies may hold at once; none: maxmemory/8, or default_get_copy_limit
+  /// without maxmemory.
+  std::optional<std::uint64_t> get_copy_limit;
+  /// Bytes the DMA.GET copies of one client (one DMA.HELLO fabric address) may hold; none: a
+  /// quarter of the total limit.
+  std::optional<std::uint64_t> get_copy_client_limit;
 
   /// The service's configuration: the TOML file's table, then these overrides. Throws
   /// dma::ConfigurationError for a bad file.

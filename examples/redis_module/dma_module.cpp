@@ -98,7 +98,7 @@ struct Counters {
   std::uint64_t gets_from_held = 0;                     ///< DMA.GETs written straight from a held value
   std::uint64_t set_alloc_ns = 0, set_alloc_bytes = 0;  ///< DMA.SET's value strings (zero-filled)
   std::uint64_t gets_refused_copy_limit = 0;            ///< a copy over get-copy-limit or the client's
-  std::uint64_t gets_refused_oom = 0;                   ///< a copy that would take used memory over maxmemory
+  std::uint64_t gets_refused_oom = 0;                   ///< a copy asked while the server is over maxmemory
 };
 
 // The bytes DMA.GET copies hold until their writes end, in all and per client (one DMA.HELLO

@@ -702,20 +702,27 @@ int load(rm::Ctx* ctx, rm::String** argv, int argc) {
   }
   loaded->address_hex = dma::encode_hex(loaded->service->local_address());
   module = loaded.release();
+  // DMA.SET overwrites its key as SET does, DMA.GET reads and returns it as GET does: ACL key
+  // patterns (%R~, %W~), COMMAND GETKEYS and READONLY replicas see them so.
   struct Command {
     const char* name;
     rm::CmdFunc function;
     const char* flags;
     int first_key;
+    const char* summary;
+    std::uint64_t key_flags;
   };
   const Command commands[] = {
-      {"dma.hello", hello, "readonly", 0},
-      {"dma.set", dma_set, "write deny-oom", 1},
-      {"dma.get", dma_get, "readonly", 1},
-      {"dma.info", dma_info, "readonly fast", 0},
+      {"dma.hello", hello, "readonly", 0, nullptr, 0},
+      {"dma.set", dma_set, "write deny-oom", 1, "Stores a value the server reads from the client's memory",
+       rm::key_ow | rm::key_update},
+      {"dma.get", dma_get, "readonly", 1, "Writes a value into the client's memory", rm::key_ro | rm::key_access},
+      {"dma.info", dma_info, "readonly fast", 0, nullptr, 0},
   };
   for (const auto& c : commands) {
-    if (api.CreateCommand(ctx, c.name, c.function, c.flags, c.first_key, c.first_key, c.first_key) != rm::ok) {
+    const bool created =
+        api.CreateCommand(ctx, c.name, c.function, c.flags, c.first_key, c.first_key, c.first_key) == rm::ok;
+    if (!created || (c.key_flags != 0 && !rm::describe_single_key_command(ctx, c.name, c.summary, -5, c.key_flags))) {
       api.Log(ctx, "warning", "dma: creating the command %s", c.name);
       stop();
       delete std::exchange(module, nullptr);

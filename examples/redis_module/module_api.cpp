@@ -20,6 +20,22 @@ Slot slot(const char* name, F& pointer) {
 
 }  // namespace
 
+bool describe_single_key_command(Ctx* ctx, const char* name, const char* summary, int arity, std::uint64_t key_flags) {
+  Command* command = api.GetCommand(ctx, name);
+  if (command == nullptr) return false;
+  CommandKeySpec specs[2]{};  // the second, all zero, ends the list
+  specs[0].flags = key_flags;
+  specs[0].begin_search_type = begin_search_index;
+  specs[0].bs.index.pos = 1;
+  specs[0].find_keys_type = find_keys_range;
+  specs[0].fk.range = {0, 1, 0};  // one key: the last is the first
+  CommandInfo info;
+  info.summary = summary;
+  info.arity = arity;
+  info.key_specs = specs;
+  return api.SetCommandInfo(command, &info) == ok;
+}
+
 bool bind(Ctx* ctx, const char** missing) {
   // The context's first word is the server's lookup function (the documented RedisModule_Init).
   void* lookup = nullptr;
@@ -63,6 +79,8 @@ bool bind(Ctx* ctx, const char** missing) {
       slot("GetServerInfo", api.GetServerInfo),
       slot("FreeServerInfo", api.FreeServerInfo),
       slot("ServerInfoGetFieldUnsigned", api.ServerInfoGetFieldUnsigned),
+      slot("GetCommand", api.GetCommand),
+      slot("SetCommandInfo", api.SetCommandInfo),
   };
   for (const Slot& s : slots) {
     const std::string name = std::string("RedisModule_") + s.name;

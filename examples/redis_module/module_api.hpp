@@ -17,6 +17,7 @@ struct String;
 struct Key;
 struct BlockedClient;
 struct ServerInfoData;
+struct Command;
 
 inline constexpr int ok = 0;
 inline constexpr int err = 1;
@@ -94,6 +95,86 @@ using DisconnectFunc = void (*)(Ctx*, BlockedClient*);
 using EventCallback = void (*)(Ctx*, Event, std::uint64_t subevent, void* data);
 using NotificationFunc = int (*)(Ctx*, int type, const char* event, String* key);
 
+/// SetCommandInfo's key-spec flags (REDISMODULE_CMD_KEY_*).
+inline constexpr std::uint64_t key_ro = 1 << 0;      ///< reads the key's value
+inline constexpr std::uint64_t key_ow = 1 << 2;      ///< overwrites the key's value
+inline constexpr std::uint64_t key_access = 1 << 4;  ///< returns (part of) the value to the client
+inline constexpr std::uint64_t key_update = 1 << 5;  ///< writes the value
+/// Key-spec search types.
+inline constexpr int begin_search_index = 2;
+inline constexpr int find_keys_range = 2;
+
+/// One key spec of a command (RedisModuleCommandKeySpec); an all-zero one ends a list.
+struct CommandKeySpec {
+  const char* notes = nullptr;
+  std::uint64_t flags = 0;
+  int begin_search_type = 0;
+  union {
+    struct {
+      int pos;
+    } index;
+    struct {
+      const char* keyword;
+      int startfrom;
+    } keyword;
+  } bs{};
+  int find_keys_type = 0;
+  union {
+    struct {
+      int lastkey;
+      int keystep;
+      int limit;
+    } range;
+    struct {
+      int keynumidx;
+      int firstkey;
+      int keystep;
+    } keynum;
+  } fk{};
+};
+
+struct CommandHistoryEntry {
+  const char* since;
+  const char* changes;
+};
+
+/// RedisModuleCommandArg, as far as the server reads it (this module passes none).
+struct CommandArg {
+  const char* name;
+  int type;
+  int key_spec_index;
+  const char* token;
+  const char* summary;
+  const char* since;
+  int flags;
+  const char* deprecated_since;
+  CommandArg* subargs;
+  const char* display_text;
+};
+
+/// Tells the server the sizes of the structures below, which it reads with these strides.
+struct CommandInfoVersion {
+  int version;
+  std::size_t sizeof_historyentry;
+  std::size_t sizeof_keyspec;
+  std::size_t sizeof_arg;
+};
+inline constexpr CommandInfoVersion command_info_version{1, sizeof(CommandHistoryEntry), sizeof(CommandKeySpec),
+                                                         sizeof(CommandArg)};
+
+/// RedisModuleCommandInfo.
+struct CommandInfo {
+  const CommandInfoVersion* version = &command_info_version;
+  const char* summary = nullptr;
+  const char* complexity = nullptr;
+  const char* since = nullptr;
+  CommandHistoryEntry* history = nullptr;
+  const char* tips = nullptr;
+  int arity = 0;  ///< the command's name counted; -N: at least N
+  CommandKeySpec* key_specs = nullptr;
+  CommandArg* args = nullptr;
+};
+
 /// The calls, filled by bind(). Names follow the API without its `RedisModule_` prefix.
 struct Api {
   int (*GetApi)(const char*, void*);
@@ -143,10 +224,18 @@ struct Api {
   ServerInfoData* (*GetServerInfo)(Ctx*, const char* section);
   void (*FreeServerInfo)(Ctx*, ServerInfoData*);
   unsigned long long (*ServerInfoGetFieldUnsigned)(ServerInfoData*, const char* field, int* out_err);
+
+  Command* (*GetCommand)(Ctx*, const char* name);
+  int (*SetCommandInfo)(Command*, const CommandInfo*);
 };
 
 /// The bound calls; valid once bind() has succeeded.
 inline Api api{};
+
+/// Describes the command `name` (created in this OnLoad) to the server: its summary and arity, and
+/// one key at argv[1] with `key_flags`, so that COMMAND INFO, COMMAND GETKEYS, ACL key patterns
+/// (%R~, %W~) and cluster routing treat it as the built-in command with those flags.
+bool describe_single_key_command(Ctx* ctx, const char* name, const char* summary, int arity, std::uint64_t key_flags);
 
 /// Looks every call up through the GetApi pointer in `ctx`'s first word; false when the server
 /// lacks one (the name of the first missing call goes to `missing`).

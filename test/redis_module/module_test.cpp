@@ -187,6 +187,33 @@ TEST_CASE("DMA.HELLO binds one fabric address of the client's own host per conne
   CHECK(info_value(resp, "dma_clients") == 1);
 }
 
+TEST_CASE("DMA.SET writes its key and DMA.GET only reads it, for COMMAND GETKEYS and ACL key patterns", "[module]") {
+  ModuleServer server;
+  Resp admin(server.port());
+  const auto keys = admin.command({"COMMAND", "GETKEYS", "DMA.SET", "k", "1", "2", "3"});
+  REQUIRE(keys.type == kv::resp::Reply::Type::array);
+  REQUIRE(keys.elements.size() == 1);
+  CHECK(keys.elements[0].text == "k");
+  const auto flags = admin.command({"COMMAND", "GETKEYSANDFLAGS", "DMA.GET", "k", "1", "2", "3"});
+  REQUIRE(flags.type == kv::resp::Reply::Type::array);
+  REQUIRE(flags.elements.size() == 1);
+  REQUIRE(flags.elements[0].elements.size() == 2);
+  CHECK(flags.elements[0].elements[1].elements[0].text == "RO");
+  require_ok(admin.command({"SET", "k1", pattern_text("k1", 4096)}));
+  require_ok(admin.command({"ACL", "SETUSER", "reader", "on", "nopass", "%R~k*", "+@all"}));
+  Peer peer(4096);
+  Resp reader(server.port());
+  require_ok(reader.command({"AUTH", "reader", "any"}));
+  hello(reader, peer);
+  const auto got = reader.command(peer.window("DMA.GET", "k1", 4096));
+  INFO("DMA.GET replied " << got.text);
+  REQUIRE(got.type == kv::resp::Reply::Type::array);
+  CHECK(std::memcmp(peer.memory().data(), pattern_text("k1", 4096).data(), 4096) == 0);
+  require_error(reader.command(peer.window("DMA.SET", "k1", 16)), "NOPERM");
+  CHECK(admin.command({"GET", "k1"}).text == pattern_text("k1", 4096));
+  CHECK(info_value(admin, "outstanding") == 0);  // the refused DMA.SET submitted nothing
+}
+
 TEST_CASE("MULTI and Lua refuse DMA.SET and DMA.GET instead of blocking", "[module]") {
   ModuleServer server;
   Peer peer(4096);

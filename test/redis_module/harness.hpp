@@ -136,13 +136,7 @@ class ModuleServer {
 
 // A field of the server's own INFO.
 inline std::string server_info(Resp& resp, const std::string& field) {
-  const auto reply = resp.command({"INFO"});
-  std::stringstream in{std::string(reply.text)};
-  for (std::string line; std::getline(in, line);) {
-    if (!line.empty() && line.back() == '\r') line.pop_back();
-    if (line.rfind(field + ":", 0) == 0) return line.substr(field.size() + 1);
-  }
-  return {};
+  return field_of(resp.command({"INFO"}).text, field);
 }
 
 // A peer in the test process with one buffer. Its progress runs only once resume() is called, so

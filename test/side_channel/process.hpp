@@ -267,15 +267,18 @@ class Resp {
   std::string held_;  // the bytes the last reply's strings view
 };
 
-/// `field:value` from the server's DMA.INFO over an open connection, or "" when absent.
-inline std::string info_field(Resp& resp, const std::string& field) {
-  const auto reply = resp.command({"DMA.INFO"});
-  std::stringstream in{std::string(reply.text)};
+/// The value of `field:value` among the lines of an INFO-style text, or "" when absent.
+inline std::string field_of(std::string_view text, const std::string& field) {
+  std::stringstream in{std::string(text)};
   for (std::string line; std::getline(in, line);) {
     if (!line.empty() && line.back() == '\r') line.pop_back();
     if (line.rfind(field + ":", 0) == 0) return line.substr(field.size() + 1);
   }
   return {};
+}
+/// `field:value` from the server's DMA.INFO over an open connection, or "" when absent.
+inline std::string info_field(Resp& resp, const std::string& field) {
+  return field_of(resp.command({"DMA.INFO"}).text, field);
 }
 inline std::string info_field(std::uint16_t port, const std::string& field) {
   Resp resp(port);

@@ -6,8 +6,6 @@
 // configuration would open: the file's provider, bind address and interfaces, unless --provider or --bind say
 // otherwise. Exit 0: something usable was found; 2: nothing (the message says what was tried) or a bad option or
 // configuration file.
-#include "hints.hpp"
-
 #include <dma/dma.hpp>
 #include <dma/version.hpp>
 
@@ -87,13 +85,10 @@ void read_uses(Entry& entry, dma::Configuration configuration) {
     return;
   }
   const dma::EndpointInfo info = endpoint.describe();
-  const dma::Provider provider = dma::detail::configured_provider(configuration);
-  dma::detail::AnswerUse use;
-  use.delivery_confirmed = info.delivery_confirmed;
   Uses u;
   u.wait_object = info.wait_fd ? "FI_WAIT_FD" : "FI_WAIT_NONE";
-  u.delivery = dma::detail::completion_guarantee(provider, dma::CompletionLevel::delivery, use);
-  u.transmit = dma::detail::completion_guarantee(provider, dma::CompletionLevel::transmit, use);
+  u.delivery = info.delivery_guarantee;
+  u.transmit = info.transmit_guarantee;
   u.delivery_confirmed = info.delivery_confirmed;
   u.segment_bytes = info.max_msg_size;
   if (configuration.max_segment_bytes != 0 &&
@@ -160,7 +155,7 @@ std::vector<Entry> discover(const dma::Configuration& base, dma::Provider provid
   configuration.bind = bind;
   std::error_code ec;
   std::string what;
-  auto list = dma::detail::query_info(configuration, ec, what);
+  auto list = dma::query_fabric_info(configuration, ec, what);
   const std::string label = std::string(dma::to_string(provider));
   if (ec) {
     tried.push_back(label + ": " + (what.empty() ? ec.message() : what));

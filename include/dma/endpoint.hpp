@@ -50,6 +50,10 @@ struct DMA_EXPORT EndpointInfo {
   std::size_t immediate_data_receives = 0;
   std::size_t iov_limit = 0;      ///< tx_attr->iov_limit: local buffers per post
   std::size_t rma_iov_limit = 0;  ///< tx_attr->rma_iov_limit: remote segments per post
+  /// What a completed write of CompletionLevel::delivery guarantees here, in one sentence.
+  std::string delivery_guarantee;
+  /// What a completed write of CompletionLevel::transmit guarantees here, in one sentence.
+  std::string transmit_guarantee;
 
   /// provider, addr_format, mr_mode, caps, requires_local_mr, uses_virtual_addressing: the seed's
   /// six lines, with libfabric's own names (fi_tostr_r) for the address format and every flag.
@@ -63,6 +67,14 @@ struct DMA_EXPORT EndpointInfo {
 DMA_EXPORT std::vector<std::string> discover_domains(const Configuration& configuration);
 /// As discover_domains(configuration), reporting a failure through `ec` with an empty result.
 DMA_EXPORT std::vector<std::string> discover_domains(const Configuration& configuration, std::error_code& ec);
+
+/// libfabric's answer to the hints the library opens an endpoint with (fi_getinfo for the first
+/// configured provider, its bind address and interfaces): every entry, in libfabric's order, for
+/// a tool that reports what a provider offers beyond EndpointInfo, as dma-info does. Reading the
+/// entries needs libfabric's headers; freeing the list does not. On failure, an empty list, `ec`
+/// set and `failed_step` naming the step (e.g. "fi_getinfo").
+DMA_EXPORT detail::InfoList query_fabric_info(const Configuration& configuration, std::error_code& ec,
+                                              std::string& failed_step);
 
 /// libfabric's runtime version as "major.minor".
 DMA_EXPORT std::string fabric_version();

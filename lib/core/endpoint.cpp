@@ -80,6 +80,11 @@ std::string fabric_version() {
   return std::to_string(FI_MAJOR(version)) + "." + std::to_string(FI_MINOR(version));
 }
 
+detail::InfoList query_fabric_info(const Configuration& configuration, std::error_code& ec, std::string& failed_step) {
+  failed_step.clear();
+  return detail::query_info(configuration, ec, failed_step);
+}
+
 std::vector<std::string> discover_domains(const Configuration& configuration, std::error_code& ec) {
   std::string what;
   auto list = detail::query_info(configuration, ec, what);
@@ -188,6 +193,9 @@ void Endpoint::open_objects(const Configuration& configuration, std::error_code&
   transmit_complete_flag_ = use.transmit_flag;
   info_.delivery_confirmed = use.delivery_confirmed;
   info_.immediate_data_receives = use.target_receives;
+  const Provider provider = detail::configured_provider(configuration);
+  info_.delivery_guarantee = detail::completion_guarantee(provider, CompletionLevel::delivery, use);
+  info_.transmit_guarantee = detail::completion_guarantee(provider, CompletionLevel::transmit, use);
   info_.max_rma_size = 0;
   info_.rma_emulated.reset();
   rnr_retry_.reset();

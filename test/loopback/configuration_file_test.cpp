@@ -1,4 +1,5 @@
 // A service and a Target opened from the shipped config/tcp.toml move bytes over 127.0.0.1.
+#include "../source_root.hpp"
 #include "fixture.hpp"
 
 #include <asio/use_awaitable.hpp>
@@ -6,7 +7,7 @@
 using Service = dma::asynchronous::FabricService<test::Payload>;
 
 TEST_CASE("a service opened from config/tcp.toml writes into a target opened from it", "[loopback][configuration]") {
-  const auto configuration = dma::Configuration::from_toml(std::string(DMA_SOURCE_ROOT) + "/config/tcp.toml");
+  const auto configuration = dma::Configuration::from_toml(test::source_root() + "/config/tcp.toml");
   test::RemoteBuffer remote(4096, std::byte{0}, configuration);
   asio::io_context io;
   Service service(io, configuration);

@@ -3,6 +3,7 @@
 // its own server on a free loopback port with --loadmodule and stops it by its PID. Exits 77
 // (skipped) when the server program is missing.
 #define CATCH_CONFIG_RUNNER  // Catch2 v2: this file has its own main
+#include "../source_root.hpp"
 #include "harness.hpp"
 
 using namespace module_test;
@@ -466,8 +467,8 @@ TEST_CASE("at confirm-gets notification dma-kv-client's 8 clients read every byt
 
 TEST_CASE("the module takes its configuration from its arguments: keys, or a TOML file", "[module]") {
   {
-    ModuleServer server(
-        {}, {"config", std::string(DMA_SOURCE_ROOT) + "/config/tcp.toml", "max-value", "1000", "pool-threads", "1"});
+    ModuleServer server({},
+                        {"config", test::source_root() + "/config/tcp.toml", "max-value", "1000", "pool-threads", "1"});
     Peer peer(4096);
     Resp resp(server.port());
     const auto reply = resp.command({"DMA.HELLO", peer.address_hex()});

@@ -7,12 +7,13 @@
 #include <string>
 
 #include "../catch.hpp"
+#include "../source_root.hpp"
 
 using namespace std::chrono_literals;
 
 namespace {
 
-const std::string source_root = DMA_SOURCE_ROOT;
+const std::string source_root = test::source_root();
 
 // The error from_toml_string raises for `text` in the [dma-libfabric] section.
 dma::ConfigurationError refusal(const std::string& text) {

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "../catch.hpp"
+#include "../source_root.hpp"
 
 using namespace std::chrono_literals;
 using dma::LatencyHistogram;
@@ -157,7 +158,7 @@ dma::Metrics sample_metrics() {
 // DMA_UPDATE_GOLDEN=1 rewrites test/unit/metrics.prom from the current output (then review the diff).
 TEST_CASE("metrics render as Prometheus text", "[metrics]") {
   const std::string text = dma::to_prometheus(sample_metrics());
-  const char* path = DMA_SOURCE_ROOT "/test/unit/metrics.prom";
+  const std::string path = test::source_root() + "/test/unit/metrics.prom";
   if (std::getenv("DMA_UPDATE_GOLDEN") != nullptr) std::ofstream(path) << text;
   std::ifstream golden(path);
   REQUIRE(golden);

@@ -18,6 +18,9 @@ cd "$ci_root" || exit 1
 export CCACHE_DIR=${CCACHE_DIR:-/var/cache/dma-libfabric-ci/ccache}
 export CCACHE_BASEDIR=$ci_root
 export CCACHE_NOHASHDIR=true
+# Depend mode: a miss compiles once (no separate preprocessor run to hash, which cost about 15 %
+# more compile time on a cold cache); hits come from the compiler's own dependency file (-MD).
+export CCACHE_DEPEND=true
 export CCACHE_MAXSIZE=${CCACHE_MAXSIZE:-12G}
 
 # Each stage's own logs (git-ignored, as every build* folder is).

@@ -199,6 +199,9 @@ class SideChannel {
       if (!confirmation) throw Failure("DMA.HELLO: unknown confirmation '" + std::string(hello.elements[3].text) + "'");
       channel->confirmation_ = *confirmation;
     }
+    // The fifth names this client on any connection to that server (CLIENT <token>): a server that
+    // sends none binds the HELLO to this connection alone.
+    if (hello.elements.size() >= 5) channel->token_ = hello.elements[4].text;
     if (common.efa) target.insert_initiator(server_address);  // efa-direct: the server must be known first
     co_return channel;
   }
@@ -211,12 +214,13 @@ class SideChannel {
   asio::awaitable<void> set(std::string_view key, std::size_t length) {
     const auto crc = dma::checksum(std::span<const std::byte>(buffer_).first(length));
     const auto& a = region_.advertisement();
-    const std::vector<std::string> arguments{"DMA.SET",
-                                             std::string(key),
-                                             std::to_string(a.remote_key),
-                                             std::to_string(a.remote_address),
-                                             std::to_string(length),
-                                             std::to_string(crc)};
+    std::vector<std::string> arguments{"DMA.SET",
+                                       std::string(key),
+                                       std::to_string(a.remote_key),
+                                       std::to_string(a.remote_address),
+                                       std::to_string(length),
+                                       std::to_string(crc)};
+    name_client(arguments);
     const auto reply = co_await resp_.command(arguments);
     expect_ok(reply, "DMA.SET");
   }
@@ -233,6 +237,7 @@ class SideChannel {
       token.emplace(*router_);
       arguments.push_back(std::to_string(token->value));
     }
+    name_client(arguments);
     const auto reply = co_await resp_.command(arguments);
     if (reply.type != kv::resp::Reply::Type::array || reply.elements.size() != 2) {
       throw Failure("DMA.GET: " + reply_text(reply));
@@ -268,6 +273,14 @@ class SideChannel {
   dma::Target::Region region_;
   kv::NotificationRouter* router_ = nullptr;
   std::uint64_t client_id_ = 0;
+  std::string token_;  ///< DMA.HELLO's client token; empty from a server that gives none
+
+  // Names this client on its data commands, so they hold on any connection to the server.
+  void name_client(std::vector<std::string>& arguments) const {
+    if (token_.empty()) return;
+    arguments.emplace_back("CLIENT");
+    arguments.push_back(token_);
+  }
   kv::Confirmation confirmation_ = kv::Confirmation::reply;
 };
 

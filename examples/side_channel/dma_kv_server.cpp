@@ -7,6 +7,7 @@
 
 #include "confirmation.hpp"
 #include "fabric_host.hpp"
+#include "hello_bindings.hpp"
 #include "resp.hpp"
 #include "store.hpp"
 
@@ -57,6 +58,8 @@ struct Options {
   std::string config;                            // a TOML file's [dma-libfabric] table, applied first
   std::uint64_t transfer_deadline_ms = 0;        // 0: the configuration's (30 s by default)
   std::optional<kv::Confirmation> confirm_gets;  // none: auto, from the endpoint
+  std::size_t max_hello_bindings = 65536;
+  unsigned hello_idle_seconds = 300;
 };
 
 // One transfer's context: a stored (or arriving) value's region and its length.
@@ -77,6 +80,7 @@ struct Counters {
   std::atomic<std::uint64_t> protocol_errors{0};
   std::atomic<std::uint64_t> hellos{0};
   std::atomic<std::uint64_t> hellos_rejected{0};
+  std::atomic<std::uint64_t> no_hello{0};  ///< data commands whose client the server could not place
   std::atomic<std::uint64_t> transfers_ok{0};
   std::atomic<std::uint64_t> transfers_failed{0};
   std::atomic<std::uint64_t> transfers_timed_out{0};
@@ -118,6 +122,8 @@ class Server {
         info_(service_.describe()),
         confirmation_(kv::resolve_confirmation(options.confirm_gets, info_)),
         acceptor_(io, tcp::endpoint(asio::ip::make_address(options.bind), options.port)),
+        bindings_(
+            kv::HelloBindings::Limits{options.max_hello_bindings, std::chrono::seconds(options.hello_idle_seconds)}),
         started_(std::chrono::steady_clock::now()) {
     if (auto why = kv::check_token_room(info_); !why.empty() && confirmation_ == kv::Confirmation::notification) {
       throw std::runtime_error("--confirm-gets notification: " + why);
@@ -149,6 +155,7 @@ class Server {
   kv::resp::Limits limits_;
   Counters counters_;
   std::atomic<std::uint64_t> next_client_id_{1};
+  kv::HelloBindings bindings_;         ///< every client's DMA.HELLO, by token
   std::atomic<unsigned> refusing_{0};  ///< refused connections still draining their input
   const std::chrono::steady_clock::time_point started_;
 
@@ -272,8 +279,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   asio::awaitable<bool> execute(std::span<const std::string_view> arguments);
   asio::awaitable<void> hello(std::string_view address_hex);
-  asio::awaitable<void> dma_set(std::span<const std::string_view> arguments);
-  asio::awaitable<void> dma_get(std::span<const std::string_view> arguments);
+  std::optional<kv::Binding> client_of(std::optional<std::string_view> named);
+  asio::awaitable<void> dma_set(std::span<const std::string_view> arguments, kv::Binding client,
+                                std::optional<std::string_view> crc_text);
+  asio::awaitable<void> dma_get(std::span<const std::string_view> arguments, kv::Binding client,
+                                std::optional<std::string_view> token_text);
   asio::awaitable<void> set_inline(std::string_view key, std::string_view value);
   void get_inline(std::string_view key);
   void error(std::string_view text) {
@@ -324,8 +334,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::atomic<std::int64_t> idle_since_{0};
   std::atomic<std::int64_t> output_over_since_{0};
   std::atomic<bool> swept_{false};
-  std::uint64_t client_id_ = 0;
-  dma::PeerAddress fabric_address_;
+  std::optional<kv::Binding> hello_;  ///< the binding this connection's DMA.HELLO made
 };
 
 // The buffers after their first n bytes.
@@ -441,8 +450,9 @@ asio::awaitable<void> Connection::run() {
   socket_.shutdown(tcp::socket::shutdown_both, ignored);
   socket_.close(ignored);
   payloads_.clear();
-  if (client_id_ != 0) {
-    server_.service_.remove_peer(client_id_);
+  if (hello_) {
+    // Shared with the client's other connections, it stays until left idle.
+    if (server_.bindings_.release(hello_->id)) server_.service_.remove_peer(hello_->id);
     --server_.counters_.dma_clients;
   }
   std::lock_guard lock(server_.connections_mutex_);
@@ -497,14 +507,18 @@ asio::awaitable<bool> Connection::execute(std::span<const std::string_view> argu
     arity == 2 ? co_await hello(arguments[1]) : wrong_arity(name);
   } else if (is_transfer(name)) {
     const bool set = iequals(name, "DMA.SET");
-    if (client_id_ == 0) {
-      error("ERR DMA.HELLO first: this connection has no fabric address");
-    } else if (set && (arity == 5 || arity == 6)) {
-      co_await dma_set(arguments);
-    } else if (!set && (arity == 5 || arity == 6)) {
-      co_await dma_get(arguments);
-    } else {
+    kv::TransferOptions extra;
+    if (arity < 5 || arity > 8) {
       wrong_arity(name);
+    } else if (auto why = kv::parse_transfer_options(arguments.subspan(5), extra); !why.empty()) {
+      error(why);
+    } else if (auto client = client_of(extra.client); !client) {
+      ++server_.counters_.no_hello;
+      error(kv::no_hello_error(extra.client));
+    } else if (set) {
+      co_await dma_set(arguments, *client, extra.positional);
+    } else {
+      co_await dma_get(arguments, *client, extra.positional);
     }
   } else {
     std::string text = "ERR unknown command '" + std::string(name.substr(0, 64)) + "'";
@@ -557,9 +571,16 @@ void Connection::get_inline(std::string_view key) {
   if (value->length > 0) payloads_.push_back(Payload{out_.size(), std::move(*value)});
   out_ += "\r\n";
 }
+// The client a data command is for: the binding its `CLIENT <token>` names, or this connection's.
+std::optional<kv::Binding> Connection::client_of(std::optional<std::string_view> named) {
+  if (named) return server_.bindings_.find(*named, hello_ ? hello_->id : 0);
+  if (hello_) server_.bindings_.touch(hello_->id);
+  return hello_;
+}
+
 asio::awaitable<void> Connection::hello(std::string_view address_hex) {
   auto& counters = server_.counters_;
-  if (client_id_ != 0) {
+  if (hello_) {
     error("ERR DMA.HELLO was already sent on this connection");
     co_return;
   }
@@ -578,17 +599,36 @@ asio::awaitable<void> Connection::hello(std::string_view address_hex) {
     }
   }
   const std::uint64_t id = server_.next_client_id_++;
+  for (const std::uint64_t gone : server_.bindings_.sweep())
+    server_.service_.remove_peer(gone);
+  std::vector<std::uint64_t> dropped;
+  std::optional<kv::Binding> binding;
+  try {
+    binding = server_.bindings_.bind(id, address, dropped);
+  } catch (const std::system_error& e) {
+    co_return error(std::string("ERR ") + e.what());
+  }
+  for (const std::uint64_t gone : dropped)
+    server_.service_.remove_peer(gone);
+  if (!binding) {
+    ++counters.hellos_rejected;
+    co_return error("ERR too many DMA.HELLO bindings (--max-hello-bindings " +
+                    std::to_string(server_.options_.max_hello_bindings) + "), each held by an open connection");
+  }
   auto [inserted] = co_await server_.service_.add_peer(id, address, tuple_awaitable);
-  if (inserted) co_return reject("inserting it: " + inserted.message());
-  client_id_ = id;
-  fabric_address_ = address;
+  if (inserted) {
+    server_.bindings_.release(id);  // never named: it goes
+    co_return reject("inserting it: " + inserted.message());
+  }
+  hello_ = binding;
   ++counters.hellos;
   ++counters.dma_clients;
-  kv::resp::append_array_header(out_, 4);
+  kv::resp::append_array_header(out_, 5);
   kv::resp::append_bulk(out_, dma::encode_hex(server_.service_.local_address()));
   kv::resp::append_integer(out_, static_cast<std::int64_t>(id));
   kv::resp::append_integer(out_, static_cast<std::int64_t>(server_.options_.max_value));
   kv::resp::append_bulk(out_, kv::to_string(server_.confirmation_));
+  kv::resp::append_bulk(out_, binding->token);
 }
 
 // `<rkey> <remote-addr> <length>` of DMA.SET, and DMA.GET's `<rkey> <remote-addr> <capacity>`.
@@ -618,17 +658,17 @@ std::string parse_window(std::span<const std::string_view> fields, const char* l
   return {};
 }
 
-asio::awaitable<void> Connection::dma_set(std::span<const std::string_view> arguments) {
+asio::awaitable<void> Connection::dma_set(std::span<const std::string_view> arguments, kv::Binding client,
+                                          std::optional<std::string_view> crc_text) {
   auto& store = server_.store_;
   auto& counters = server_.counters_;
   const auto key = arguments[1];
   Window window;
   if (auto why = parse_window(arguments.subspan(2, 3), "length", window); !why.empty()) co_return error(why);
   std::optional<std::uint32_t> expected;
-  if (arguments.size() == 6) {
-    const auto crc = parse_number(arguments[5]);
-    if (!crc || *crc > UINT32_MAX)
-      co_return error("ERR invalid crc32c '" + std::string(arguments[5].substr(0, 32)) + "'");
+  if (crc_text) {
+    const auto crc = parse_number(*crc_text);
+    if (!crc || *crc > UINT32_MAX) co_return error("ERR invalid crc32c '" + std::string(crc_text->substr(0, 32)) + "'");
     expected = static_cast<std::uint32_t>(*crc);
   }
   const std::size_t length = window.length;
@@ -654,8 +694,8 @@ asio::awaitable<void> Connection::dma_set(std::span<const std::string_view> argu
     region = unregistered_region(std::move(*buffer));
   }
   dma::TransferRequest<Slot> request;
-  request.client_id = client_id_;
-  request.peer_address = fabric_address_;
+  request.client_id = client.id;
+  request.peer_address = client.address;
   request.remote_key = window.rkey;
   request.remote_address = window.address;
   request.direction = dma::Direction::FromPeer;
@@ -680,15 +720,16 @@ asio::awaitable<void> Connection::dma_set(std::span<const std::string_view> argu
   kv::resp::append_simple(out_, "OK");
 }
 
-asio::awaitable<void> Connection::dma_get(std::span<const std::string_view> arguments) {
+asio::awaitable<void> Connection::dma_get(std::span<const std::string_view> arguments, kv::Binding client,
+                                          std::optional<std::string_view> token_text) {
   auto& counters = server_.counters_;
   Window window;
   if (auto why = parse_window(arguments.subspan(2, 3), "capacity", window); !why.empty()) co_return error(why);
   std::optional<std::uint64_t> token;
-  if (arguments.size() == 6) {
-    token = parse_number(arguments[5]);
+  if (token_text) {
+    token = parse_number(*token_text);
     if (!token || *token > kv::max_token) {
-      co_return error("ERR invalid token '" + std::string(arguments[5].substr(0, 32)) +
+      co_return error("ERR invalid token '" + std::string(token_text->substr(0, 32)) +
                       "': a notification token is a number below 2^32");
     }
   }
@@ -700,8 +741,8 @@ asio::awaitable<void> Connection::dma_get(std::span<const std::string_view> argu
   }
   if (value->length > 0) {
     dma::TransferRequest<Slot> request;
-    request.client_id = client_id_;
-    request.peer_address = fabric_address_;
+    request.client_id = client.id;
+    request.peer_address = client.address;
     request.remote_key = window.rkey;
     request.remote_address = window.address;
     request.direction = dma::Direction::ToPeer;
@@ -785,6 +826,8 @@ asio::awaitable<void> Server::sweep() {
     timer.expires_after(100ms);
     auto [ec] = co_await timer.async_wait(tuple_awaitable);
     if (ec || !acceptor_.is_open()) co_return;
+    for (const std::uint64_t gone : bindings_.sweep())
+      service_.remove_peer(gone);
     const auto now = now_ns();
     std::lock_guard lock(connections_mutex_);
     for (const auto& connection : connections_) {
@@ -886,6 +929,9 @@ std::string Server::info() const {
   line("protocol_errors", counters_.protocol_errors.load());
   line("hellos", counters_.hellos.load());
   line("hellos_rejected", counters_.hellos_rejected.load());
+  line("hello_bindings", bindings_.size());
+  line("hello_bindings_dropped", bindings_.dropped());
+  line("no_hello", counters_.no_hello.load());
   s += "\r\n# Transfers\r\n";
   line("outstanding", service_.outstanding());
   line("dma_sets_in_flight", counters_.sets_in_flight.load());
@@ -950,6 +996,14 @@ int main(int argc, char** argv) {
   app.add_option("--transfer-deadline", options.transfer_deadline_ms,
                  "milliseconds a transfer may take before it fails (0: the configuration's, 30 s by default)");
   std::string confirm_gets = "auto";
+  app.add_option("--max-hello-bindings", options.max_hello_bindings,
+                 "DMA.HELLO bindings at once; one beyond drops the least recently used one no connection holds")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--hello-idle", options.hello_idle_seconds,
+                 "seconds a DMA.HELLO binding stays once the connection that sent it closed and it went unused")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   app.add_option("--confirm-gets", confirm_gets,
                  "what tells a DMA.GET's client its bytes have landed: reply, notification (a write with the "
                  "client's token as immediate data), or auto (notification where a completed write does not say so)")

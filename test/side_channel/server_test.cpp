@@ -141,8 +141,9 @@ TEST_CASE("a HELLO naming another host's fabric address is refused unless the se
   Resp resp(trusting.port());
   const auto hello = resp.command({"DMA.HELLO", sockaddr_hex("127.0.0.2", 4000)});
   REQUIRE(hello.type == kv::resp::Reply::Type::array);
-  REQUIRE(hello.elements.size() == 4);
-  CHECK(hello.elements[3].text == "reply");  // tcp confirms delivery (confirmation_test.cpp has the rest)
+  REQUIRE(hello.elements.size() == 5);
+  CHECK(hello.elements[3].text == "reply");    // tcp confirms delivery (confirmation_test.cpp has the rest)
+  CHECK(hello.elements[4].text.size() == 32);  // the client's token
   require_error(resp.command({"DMA.HELLO", sockaddr_hex("127.0.0.2", 4000)}), "already sent");
 }
 
@@ -194,6 +195,34 @@ TEST_CASE("DMA.SET and DMA.GET check lengths, keys and CRCs and leave the store 
   CHECK(info_number(server.port(), "keys") == 1);
   CHECK(wait_for_info(server.port(), "outstanding", 0) == 0);
   require_serving(server);
+}
+
+TEST_CASE("another connection names a client by its HELLO token; an unknown one gets -NOHELLO", "[side_channel]") {
+  Server server;
+  Peer peer(4096);
+  for (std::size_t i = 0; i < 1000; ++i)
+    peer.memory()[i] = static_cast<std::byte>(i * 3);
+  const auto crc = std::to_string(dma::checksum(peer.memory().first(1000)));
+  const auto rkey = std::to_string(peer.advertisement().remote_key);
+  const auto addr = std::to_string(peer.advertisement().remote_address);
+  Resp first(server.port());
+  const auto hello = first.command({"DMA.HELLO", peer.address_hex()});
+  REQUIRE(hello.type == kv::resp::Reply::Type::array);
+  REQUIRE(hello.elements.size() == 5);
+  const std::string token(hello.elements[4].text);
+  Resp second(server.port());
+  require_error(second.command({"DMA.SET", "k", rkey, addr, "1000", crc}), "NOHELLO");
+  require_error(second.command({"DMA.SET", "k", rkey, addr, "1000", crc, "CLIENT", std::string(32, 'f')}), "NOHELLO");
+  CHECK(second.command({"DMA.SET", "k", rkey, addr, "1000", crc, "CLIENT", token}).text == "OK");
+  CHECK(first.command({"DMA.SET", "k2", rkey, addr, "1000"}).text == "OK");  // the HELLO's own connection, unnamed
+  first.close();
+  CHECK(wait_for_info(server.port(), "dma_clients", 0) == 0);
+  const auto got = second.command({"DMA.GET", "k", rkey, addr, "4096", "CLIENT", token});
+  INFO("DMA.GET replied " << got.text);
+  REQUIRE(got.type == kv::resp::Reply::Type::array);
+  CHECK(std::to_string(got.elements[1].integer) == crc);
+  CHECK(info_number(server.port(), "no_hello") == 2);
+  CHECK(info_number(server.port(), "hello_bindings") == 1);
 }
 
 TEST_CASE("a megabyte line of garbage closes only its own connection", "[side_channel][robustness]") {

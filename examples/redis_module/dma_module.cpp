@@ -8,12 +8,14 @@
 #include "confirmation.hpp"
 #include "fabric_host.hpp"
 #include "held_values.hpp"
+#include "hello_bindings.hpp"
 #include "module_api.hpp"
 #include "options.hpp"
 
 #include <strings.h>
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -89,6 +91,7 @@ struct Counters {
   std::atomic<std::int64_t> completer_max_ns{0};
   std::atomic<std::int64_t> handoff_max_ns{0};  ///< completion to its reply or free callback
   std::uint64_t hellos = 0, hellos_rejected = 0, dma_clients = 0;
+  std::uint64_t no_hello = 0;  ///< data commands whose client this server could not place (-NOHELLO)
   std::uint64_t sets_in_flight = 0, gets_in_flight = 0;
   std::uint64_t transfers_ok = 0, transfers_failed = 0, transfers_timed_out = 0, crc_mismatches = 0;
   std::uint64_t bytes_read = 0, bytes_written = 0;
@@ -99,6 +102,9 @@ struct Counters {
   std::uint64_t set_alloc_ns = 0, set_alloc_bytes = 0;  ///< DMA.SET's value strings (zero-filled)
   std::uint64_t gets_refused_copy_limit = 0;            ///< a copy over get-copy-limit or the client's
   std::uint64_t gets_refused_oom = 0;                   ///< a copy asked while the server is over maxmemory
+  std::uint64_t sets_refused_paused = 0;                ///< completed while writes were paused: not stored
+  std::uint64_t sets_refused_not_served = 0;            ///< completed after the key's slot left this node
+  std::uint64_t sets_refused_cluster_down = 0;
 };
 
 // The bytes DMA.GET copies hold until their writes end, in all and per client (one DMA.HELLO
@@ -119,7 +125,10 @@ struct Module {
   dma::EndpointInfo info;
   kv::Confirmation confirmation = kv::Confirmation::reply;  ///< what DMA.HELLO tells clients
   std::string address_hex;
-  std::unordered_map<std::uint64_t, dma::PeerAddress> peers;  ///< client id -> its DMA.HELLO address
+  /// Connection id -> the binding its DMA.HELLO made (the connection holds it while open).
+  std::unordered_map<std::uint64_t, kv::Binding> peers;
+  std::unique_ptr<kv::HelloBindings> bindings;
+  std::int64_t swept_ns = 0;    ///< when idle bindings were last dropped
   std::uint64_t maxmemory = 0;  ///< the server's: read at load and whenever CONFIG SET changes it
   GetCopies copies;
 
@@ -226,6 +235,35 @@ const dma_module::HeldValues::Value* held_for(rm::Ctx* ctx, rm::String* key, con
   return held;
 }
 
+// Why a completed DMA.SET may not store its value now, as the error its client gets; empty when it
+// may. While writes are paused (CLIENT PAUSE WRITE, a manual failover, the shutdown wait) nothing
+// may be written or replicated: the server aborts on a replicated write then. In a cluster the key's
+// slot may have moved during the transfer, and a blocked client is not redirected when it does:
+// the server's own routing decides, run through Call for EXISTS key with the client's READONLY
+// and ASKING flags (a slot now owned elsewhere, or migrating with the key gone, fails with EPERM).
+std::string commit_refusal(rm::Ctx* ctx, rm::String* key) {
+  auto& counters = module->counters;
+  if (api.AvoidReplicaTraffic() != 0) {
+    ++counters.sets_refused_paused;
+    return "TRYAGAIN writes are paused on this server (CLIENT PAUSE WRITE, a failover or a shutdown): the value "
+           "was not stored; send DMA.SET again";
+  }
+  if ((api.GetContextFlags(ctx) & rm::ctx_flags_cluster) == 0) return {};
+  errno = 0;
+  rm::CallReply* probe = api.Call(ctx, "EXISTS", "s", key);
+  if (probe != nullptr) {
+    api.FreeCallReply(probe);
+    return {};
+  }
+  if (errno == ENETDOWN || errno == EROFS) {
+    ++counters.sets_refused_cluster_down;
+    return "CLUSTERDOWN the cluster went down during the transfer: the value was not stored";
+  }
+  ++counters.sets_refused_not_served;
+  return "TRYAGAIN the key's slot left this node during the transfer: the value was not stored; send DMA.SET "
+         "again (the cluster redirects it to the slot's owner)";
+}
+
 // A transfer's reply, on the main thread, when its client is still connected: stores a DMA.SET's
 // value and answers.
 int reply(rm::Ctx* ctx, rm::String**, int) {
@@ -245,6 +283,10 @@ int reply(rm::Ctx* ctx, rm::String**, int) {
                           ", the server read " + std::to_string(crc) + "; the key is unchanged");
   }
   rm::String* name = api.CreateString(ctx, transfer->key.data(), transfer->key.size());
+  if (const std::string refusal = commit_refusal(ctx, name); !refusal.empty()) {
+    api.FreeString(ctx, name);
+    return error(ctx, refusal);  // release() frees the value
+  }
   rm::Key* key = api.OpenKey(ctx, name, rm::write);
   api.StringSet(key, transfer->value);
   api.CloseKey(key);
@@ -286,14 +328,14 @@ void release(rm::Ctx*, void* data) {
 void client_left(rm::Ctx*, rm::BlockedClient*) { ++module->counters.replies_dropped; }
 
 // Blocks the client and submits; the completer unblocks it.
-void start(rm::Ctx* ctx, Transfer* transfer, const dma::PeerAddress& peer, std::uint64_t rkey, std::uint64_t address) {
+void start(rm::Ctx* ctx, Transfer* transfer, const kv::Binding& peer, std::uint64_t rkey, std::uint64_t address) {
   auto& counters = module->counters;
   ++(transfer->set ? counters.sets_in_flight : counters.gets_in_flight);
   transfer->blocked = api.BlockClient(ctx, reply, nullptr, release, 0);
   api.SetDisconnectCallback(transfer->blocked, client_left);
   dma::TransferRequest<Operation> request;
-  request.client_id = api.GetClientId(ctx);
-  request.peer_address = peer;
+  request.client_id = peer.id;
+  request.peer_address = peer.address;
   request.remote_key = rkey;
   request.remote_address = address;
   request.direction = transfer->set ? dma::Direction::FromPeer : dma::Direction::ToPeer;
@@ -308,23 +350,51 @@ void start(rm::Ctx* ctx, Transfer* transfer, const dma::PeerAddress& peer, std::
   }
 }
 
-// The DMA.HELLO address of this connection, or null after replying an error.
-const dma::PeerAddress* peer_of(rm::Ctx* ctx, std::string_view command) {
+// The client a data command is for: the binding its `CLIENT <token>` names, or the one this
+// connection's DMA.HELLO made; nullopt after replying an error.
+std::optional<kv::Binding> client_of(rm::Ctx* ctx, std::string_view command, std::optional<std::string_view> named) {
   if (!module->service) {
     error(ctx, "ERR the dma module is shutting down");
-    return nullptr;
+    return std::nullopt;
   }
-  const auto it = module->peers.find(api.GetClientId(ctx));
-  if (it == module->peers.end()) {
-    error(ctx, "ERR DMA.HELLO first: this connection has no fabric address");
-    return nullptr;
+  std::optional<kv::Binding> binding;
+  if (named) {
+    const auto own = module->peers.find(api.GetClientId(ctx));
+    binding = module->bindings->find(*named, own == module->peers.end() ? 0 : own->second.id);
+  } else if (const auto it = module->peers.find(api.GetClientId(ctx)); it != module->peers.end()) {
+    binding = it->second;
+    module->bindings->touch(binding->id);
+  }
+  if (!binding) {
+    ++module->counters.no_hello;
+    error(ctx, kv::no_hello_error(named));
+    return std::nullopt;
   }
   if (api.GetContextFlags(ctx) & rm::ctx_flags_deny_blocking) {
     error(ctx, "ERR " + std::string(command) +
                    " cannot run inside MULTI or a script: it blocks its client until the transfer completes");
-    return nullptr;
+    return std::nullopt;
   }
-  return &it->second;
+  return binding;
+}
+
+// Drops the bindings left idle (at most once a second; from the server's cron and each HELLO).
+void sweep_bindings() {
+  if (module == nullptr || !module->bindings) return;
+  const std::int64_t now = now_ns();
+  if (now - module->swept_ns < 1'000'000'000) return;
+  module->swept_ns = now;
+  for (const std::uint64_t id : module->bindings->sweep()) {
+    if (module->service) module->service->remove_peer(id);
+  }
+}
+
+// The arguments after a data command's window, as a vector of views.
+std::vector<std::string_view> rest_of(rm::String** argv, int argc, int from) {
+  std::vector<std::string_view> rest;
+  for (int i = from; i < argc; ++i)
+    rest.push_back(view(argv[i]));
+  return rest;
 }
 
 struct Window {
@@ -377,29 +447,52 @@ int hello(rm::Ctx* ctx, rm::String** argv, int argc) {
     if (ec) return reject(std::string("the connection's address '") + client.addr + "' is not an IP");
     if (auto why = kv::check_same_host(address, module->info.addr_format, peer); !why.empty()) return reject(why);
   }
+  sweep_bindings();
+  std::vector<std::uint64_t> dropped;
+  std::optional<kv::Binding> binding;
+  try {
+    binding = module->bindings->bind(id, address, dropped);
+  } catch (const std::system_error& e) {
+    return error(ctx, std::string("ERR ") + e.what());
+  }
+  for (const std::uint64_t gone : dropped)
+    module->service->remove_peer(gone);
+  if (!binding) {
+    ++counters.hellos_rejected;
+    return error(ctx, "ERR too many DMA.HELLO bindings (max-hello-bindings " +
+                          std::to_string(module->options.max_hello_bindings) + "), each held by an open connection");
+  }
   module->service->add_peer(id, address, ec);  // a round trip to the fabric thread, once per client
-  if (ec) return reject("inserting it: " + ec.message());
-  module->peers.emplace(id, address);
+  if (ec) {
+    module->bindings->release(id);
+    return reject("inserting it: " + ec.message());
+  }
+  module->peers.emplace(id, *binding);
   ++counters.hellos;
   ++counters.dma_clients;
-  api.ReplyWithArray(ctx, 4);
+  api.ReplyWithArray(ctx, 5);
   api.ReplyWithStringBuffer(ctx, module->address_hex.data(), module->address_hex.size());
   api.ReplyWithLongLong(ctx, static_cast<long long>(id));
   api.ReplyWithLongLong(ctx, static_cast<long long>(module->options.max_value));
   const auto confirmation = kv::to_string(module->confirmation);
-  return api.ReplyWithStringBuffer(ctx, confirmation.data(), confirmation.size());
+  api.ReplyWithStringBuffer(ctx, confirmation.data(), confirmation.size());
+  return api.ReplyWithStringBuffer(ctx, binding->token.data(), binding->token.size());
 }
 
 int dma_set(rm::Ctx* ctx, rm::String** argv, int argc) {
-  if (argc != 5 && argc != 6) return api.WrongArity(ctx);
-  const dma::PeerAddress* peer = peer_of(ctx, "DMA.SET");
-  if (peer == nullptr) return rm::ok;
+  if (argc < 5 || argc > 8) return api.WrongArity(ctx);
+  kv::TransferOptions extra;
+  if (auto why = kv::parse_transfer_options(rest_of(argv, argc, 5), extra); !why.empty()) return error(ctx, why);
+  const auto peer = client_of(ctx, "DMA.SET", extra.client);
+  if (!peer) return rm::ok;
   const auto window = parse_window(ctx, argv + 2, "length");
   if (!window) return rm::ok;
   std::optional<std::uint32_t> expected;
-  if (argc == 6) {
-    const auto crc = dma::parse_u64(view(argv[5]));
-    if (!crc || *crc > UINT32_MAX) return error(ctx, "ERR invalid crc32c '" + std::string(view(argv[5])) + "'");
+  if (extra.positional) {
+    const auto crc = dma::parse_u64(*extra.positional);
+    if (!crc || *crc > UINT32_MAX) {
+      return error(ctx, "ERR invalid crc32c '" + std::string(extra.positional->substr(0, 32)) + "'");
+    }
     expected = static_cast<std::uint32_t>(*crc);
   }
   const std::size_t max_value = module->options.max_value;
@@ -468,16 +561,18 @@ std::string refuse_copy(const std::string& owner, std::size_t length) {
 }
 
 int dma_get(rm::Ctx* ctx, rm::String** argv, int argc) {
-  if (argc != 5 && argc != 6) return api.WrongArity(ctx);
-  const dma::PeerAddress* peer = peer_of(ctx, "DMA.GET");
-  if (peer == nullptr) return rm::ok;
+  if (argc < 5 || argc > 8) return api.WrongArity(ctx);
+  kv::TransferOptions extra;
+  if (auto why = kv::parse_transfer_options(rest_of(argv, argc, 5), extra); !why.empty()) return error(ctx, why);
+  const auto peer = client_of(ctx, "DMA.GET", extra.client);
+  if (!peer) return rm::ok;
   const auto window = parse_window(ctx, argv + 2, "capacity");
   if (!window) return rm::ok;
   std::optional<std::uint64_t> token;
-  if (argc == 6) {
-    token = dma::parse_u64(view(argv[5]));
+  if (extra.positional) {
+    token = dma::parse_u64(*extra.positional);
     if (!token || *token > kv::max_token) {
-      return error(ctx, "ERR invalid token '" + std::string(view(argv[5]).substr(0, 32)) +
+      return error(ctx, "ERR invalid token '" + std::string(extra.positional->substr(0, 32)) +
                             "': a notification token is a number below 2^32");
     }
   }
@@ -523,7 +618,7 @@ int dma_get(rm::Ctx* ctx, rm::String** argv, int argc) {
   // lives as long as the client takes, which the server's eviction cannot shorten, so counting
   // it there would make the server evict keys to make room for memory it cannot free. The copy
   // limits bound it instead.
-  std::string owner(reinterpret_cast<const char*>(peer->data()), peer->size());
+  std::string owner(reinterpret_cast<const char*>(peer->address.data()), peer->address.size());
   if (auto why = refuse_copy(owner, length); !why.empty()) {
     api.CloseKey(key);
     return error(ctx, why);
@@ -577,6 +672,9 @@ std::string info_text() {
   line("dma_clients", c.dma_clients);
   line("hellos", c.hellos);
   line("hellos_rejected", c.hellos_rejected);
+  line("hello_bindings", module->bindings ? module->bindings->size() : 0);
+  line("hello_bindings_dropped", module->bindings ? module->bindings->dropped() : 0);
+  line("no_hello", c.no_hello);
   s += "\r\n# Transfers\r\n";
   line("outstanding", module->service ? module->service->outstanding() : 0);
   line("dma_sets_in_flight", c.sets_in_flight);
@@ -597,6 +695,9 @@ std::string info_text() {
   line("get_copy_client_limit", module->copy_client_limit());
   line("gets_refused_copy_limit", c.gets_refused_copy_limit);
   line("gets_refused_oom", c.gets_refused_oom);
+  line("sets_refused_paused", c.sets_refused_paused);
+  line("sets_refused_not_served", c.sets_refused_not_served);
+  line("sets_refused_cluster_down", c.sets_refused_cluster_down);
   line("gets_from_held", c.gets_from_held);
   line("held_values", module->held.count());
   line("held_bytes", module->held.bytes());
@@ -643,10 +744,15 @@ void stop() {
 void client_changed(rm::Ctx*, rm::Event, std::uint64_t subevent, void* data) {
   if (subevent != rm::subevent_client_disconnected || module == nullptr) return;
   const auto* client = static_cast<const rm::ClientInfo*>(data);
-  if (module->peers.erase(client->id) == 0) return;
+  const auto it = module->peers.find(client->id);
+  if (it == module->peers.end()) return;
+  // Shared with the client's other connections, its binding stays until left idle.
+  if (module->bindings->release(it->second.id) && module->service) module->service->remove_peer(it->second.id);
+  module->peers.erase(it);
   --module->counters.dma_clients;
-  if (module->service) module->service->remove_peer(client->id);
 }
+
+void cron(rm::Ctx*, rm::Event, std::uint64_t, void*) { sweep_bindings(); }
 
 // The server's maxmemory, which sets the default DMA.GET copy limits.
 void read_maxmemory(rm::Ctx* ctx) {
@@ -681,6 +787,8 @@ int load(rm::Ctx* ctx, rm::String** argv, int argc) {
     api.Log(ctx, "warning", "dma: %s", why.c_str());
     return rm::err;
   }
+  loaded->bindings = std::make_unique<kv::HelloBindings>(kv::HelloBindings::Limits{
+      loaded->options.max_hello_bindings, std::chrono::seconds(loaded->options.hello_idle_seconds)});
   try {
     const auto configuration = loaded->options.configuration();
     if (loaded->options.pool_threads > 0) loaded->pool = std::make_shared<dma::Pool>(loaded->options.pool_threads);
@@ -734,6 +842,7 @@ int load(rm::Ctx* ctx, rm::String** argv, int argc) {
   api.SubscribeToServerEvent(ctx, rm::event_flushdb, flushing);
   api.SubscribeToServerEvent(ctx, rm::event_swapdb, swapping);
   api.SubscribeToServerEvent(ctx, rm::event_config, config_changed);
+  api.SubscribeToServerEvent(ctx, rm::event_cron_loop, cron);
   read_maxmemory(ctx);
   api.Log(ctx, "notice", "dma: fabric %s, address %s, max-value %zu, DMA.GET confirmed by %s",
           module->info.provider.c_str(), module->address_hex.c_str(), module->options.max_value,

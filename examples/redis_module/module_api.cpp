@@ -79,6 +79,9 @@ bool bind(Ctx* ctx, const char** missing) {
       slot("GetServerInfo", api.GetServerInfo),
       slot("FreeServerInfo", api.FreeServerInfo),
       slot("ServerInfoGetFieldUnsigned", api.ServerInfoGetFieldUnsigned),
+      slot("Call", api.Call),
+      slot("FreeCallReply", api.FreeCallReply),
+      slot("AvoidReplicaTraffic", api.AvoidReplicaTraffic),
       slot("GetCommand", api.GetCommand),
       slot("SetCommandInfo", api.SetCommandInfo),
   };

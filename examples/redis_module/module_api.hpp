@@ -18,6 +18,7 @@ struct Key;
 struct BlockedClient;
 struct ServerInfoData;
 struct Command;
+struct CallReply;
 
 inline constexpr int ok = 0;
 inline constexpr int err = 1;
@@ -34,7 +35,8 @@ inline constexpr int keytype_string = 1;
 /// GetContextFlags bits.
 inline constexpr int ctx_flags_lua = 1 << 0;
 inline constexpr int ctx_flags_multi = 1 << 1;
-inline constexpr int ctx_flags_evict = 1 << 9;  ///< maxmemory with a policy that may delete keys
+inline constexpr int ctx_flags_cluster = 1 << 5;  ///< the server runs with cluster-enabled yes
+inline constexpr int ctx_flags_evict = 1 << 9;    ///< maxmemory with a policy that may delete keys
 inline constexpr int ctx_flags_deny_blocking = 1 << 21;
 
 /// Keyspace event classes: NotifyKeyspaceEvent's type, SubscribeToKeyspaceEvents' mask.
@@ -51,6 +53,7 @@ struct Event {
 inline constexpr Event event_flushdb{2, 1};
 inline constexpr Event event_client_change{4, 1};
 inline constexpr Event event_shutdown{5, 1};
+inline constexpr Event event_cron_loop{8, 1};  ///< every server cron tick (hz times a second)
 inline constexpr Event event_swapdb{11, 1};
 inline constexpr Event event_config{16, 1};
 inline constexpr std::uint64_t subevent_client_disconnected = 1;
@@ -224,6 +227,14 @@ struct Api {
   ServerInfoData* (*GetServerInfo)(Ctx*, const char* section);
   void (*FreeServerInfo)(Ctx*, ServerInfoData*);
   unsigned long long (*ServerInfoGetFieldUnsigned)(ServerInfoData*, const char* field, int* out_err);
+
+  /// Runs a command as a client of the module would; null with errno set when it cannot run (in a
+  /// cluster: EPERM for a key this node does not serve, ENETDOWN/EROFS while the cluster is down).
+  CallReply* (*Call)(Ctx*, const char* command, const char* format, ...);
+  void (*FreeCallReply)(CallReply*);
+  /// Non-zero while writes are paused (CLIENT PAUSE WRITE, a manual failover, the shutdown wait):
+  /// nothing may be replicated then.
+  int (*AvoidReplicaTraffic)();
 
   Command* (*GetCommand)(Ctx*, const char* name);
   int (*SetCommandInfo)(Command*, const CommandInfo*);

@@ -61,6 +61,10 @@ std::string parse_options(std::span<const std::string_view> arguments, Options& 
       if (why = parse_number(key, value, 1, number); why.empty()) options.get_copy_limit = number;
     } else if (key == "get-copy-client-limit") {
       if (why = parse_number(key, value, 1, number); why.empty()) options.get_copy_client_limit = number;
+    } else if (key == "max-hello-bindings") {
+      if (why = parse_number(key, value, 1, number); why.empty()) options.max_hello_bindings = number;
+    } else if (key == "hello-idle-seconds") {
+      if (why = parse_number(key, value, 1, number); why.empty()) options.hello_idle_seconds = number;
     } else if (key == "confirm-gets") {
       if (!kv::parse_confirmation_setting(value, options.confirm_gets)) {
         why = "confirm-gets takes auto, reply or notification, not '" + std::string(value) + "'";
@@ -68,7 +72,8 @@ std::string parse_options(std::span<const std::string_view> arguments, Options& 
     } else {
       why = "unknown argument '" + std::string(key) +
             "' (config, bind, efa, max-value, allow-any-fabric-host, pool-threads, transfer-deadline-ms, "
-            "hold-values, confirm-gets, get-copy-limit, get-copy-client-limit)";
+            "hold-values, confirm-gets, get-copy-limit, get-copy-client-limit, max-hello-bindings, "
+            "hello-idle-seconds)";
     }
     if (!why.empty()) return why;
   }

@@ -35,6 +35,11 @@ struct Options {
   /// Bytes the DMA.GET copies of one client (one DMA.HELLO fabric address) may hold; none: a
   /// quarter of the total limit.
   std::optional<std::uint64_t> get_copy_client_limit;
+  /// DMA.HELLO bindings at once (a HELLO beyond it drops the least recently used one no
+  /// connection holds, or is refused).
+  std::size_t max_hello_bindings = 65536;
+  /// Seconds a binding stays after the connection that sent its HELLO closed and its last use.
+  std::uint64_t hello_idle_seconds = 300;
 
   /// The service's configuration: the TOML file's table, then these overrides. Throws
   /// dma::ConfigurationError for a bad file.

@@ -15,6 +15,7 @@
 
 #include <cstring>
 #include <filesystem>
+#include <random>
 
 namespace module_test {
 
@@ -37,6 +38,26 @@ inline std::uint16_t free_port() {
   asio::io_context io;
   asio::ip::tcp::acceptor acceptor(io, asio::ip::tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0));
   return acceptor.local_endpoint().port();
+}
+
+inline bool bindable(std::uint16_t port) {
+  asio::io_context io;
+  asio::ip::tcp::acceptor acceptor(io);
+  std::error_code ec;
+  acceptor.open(asio::ip::tcp::v4(), ec);
+  if (!ec) acceptor.bind(asio::ip::tcp::endpoint(asio::ip::make_address("127.0.0.1"), port), ec);
+  return !ec;
+}
+
+/// A port for a cluster node: below the ephemeral range, with its cluster bus port (the port +
+/// 10000) free too.
+inline std::uint16_t free_cluster_port() {
+  static std::mt19937 random(std::random_device{}());
+  for (int attempt = 0; attempt < 500; ++attempt) {
+    const auto port = static_cast<std::uint16_t>(std::uniform_int_distribution<int>(20000, 29999)(random));
+    if (bindable(port) && bindable(static_cast<std::uint16_t>(port + 10000))) return port;
+  }
+  return free_port();  // the start then fails and says so
 }
 
 inline bool answers_ping(std::uint16_t port) {
@@ -75,10 +96,11 @@ class Scratch {
 // scratch folder. Killed by its PID at the end unless it has exited.
 class ModuleServer {
  public:
-  explicit ModuleServer(std::vector<std::string> server_options = {}, std::vector<std::string> module_options = {})
+  explicit ModuleServer(std::vector<std::string> server_options = {}, std::vector<std::string> module_options = {},
+                        std::uint16_t (*choose_port)() = free_port)
       : dir_(scratch_.path()) {
     for (int attempt = 0; attempt < 5 && !child_; ++attempt) {
-      port_ = free_port();
+      port_ = choose_port();
       std::vector<std::string> arguments{module_server_program(),
                                          "--port",
                                          std::to_string(port_),

@@ -179,13 +179,109 @@ TEST_CASE("DMA.HELLO binds one fabric address of the client's own host per conne
   const auto id = resp.command({"CLIENT", "ID"}).integer;
   const auto reply = resp.command({"DMA.HELLO", peer.address_hex()});
   REQUIRE(reply.type == kv::resp::Reply::Type::array);
-  REQUIRE(reply.elements.size() == 4);
+  REQUIRE(reply.elements.size() == 5);
   CHECK(reply.elements[1].integer == id);
   CHECK(reply.elements[2].integer == 16 << 20);
-  CHECK(reply.elements[3].text == "reply");  // tcp confirms delivery
+  CHECK(reply.elements[3].text == "reply");    // tcp confirms delivery
+  CHECK(reply.elements[4].text.size() == 32);  // the client's token
   require_error(resp.command({"DMA.HELLO", peer.address_hex()}), "already sent");
   CHECK(info_value(resp, "hellos_rejected") == 2);
   CHECK(info_value(resp, "dma_clients") == 1);
+}
+
+namespace {
+
+// A data command that names its client.
+std::vector<std::string> naming(std::vector<std::string> arguments, const std::string& token) {
+  arguments.emplace_back("CLIENT");
+  arguments.push_back(token);
+  return arguments;
+}
+
+std::string hello_token(Resp& resp, const Peer& peer) {
+  const auto reply = resp.command({"DMA.HELLO", peer.address_hex()});
+  INFO("DMA.HELLO replied " << reply.text);
+  REQUIRE(reply.type == kv::resp::Reply::Type::array);
+  REQUIRE(reply.elements.size() == 5);
+  return std::string(reply.elements[4].text);
+}
+
+}  // namespace
+
+TEST_CASE("a client's other connections name it with CLIENT <token>; a client the server cannot place gets -NOHELLO",
+          "[module][hello]") {
+  constexpr std::size_t size = 4096;
+  ModuleServer server;
+  Peer peer(size);
+  const std::string value = pattern_text("pooled", size);
+  std::memcpy(peer.memory().data(), value.data(), size);
+  Resp first(server.port());
+  const std::string token = hello_token(first, peer);
+  Resp second(server.port());
+  require_error(second.command(peer.window("DMA.SET", "pooled", size)), "NOHELLO");
+  require_error(second.command(naming(peer.window("DMA.SET", "pooled", size), std::string(32, '0'))), "NOHELLO");
+  require_error(second.command(naming(peer.window("DMA.SET", "pooled", size), token + "0")), "NOHELLO");
+  require_error(second.command({"DMA.SET", "pooled", "1", "0", "16", "CLIENT"}), "CLIENT needs the token");
+  require_error(second.command({"DMA.SET", "pooled", "1", "0", "16", "1", "2"}), "expected CLIENT");
+  CHECK(info_value(second, "no_hello") == 3);
+  require_ok(second.command(naming(peer.window("DMA.SET", "pooled", size), token)));
+  std::memset(peer.memory().data(), 0, size);
+  const auto got = second.command(naming(peer.window("DMA.GET", "pooled", size), token));
+  REQUIRE(got.type == kv::resp::Reply::Type::array);
+  CHECK(std::memcmp(peer.memory().data(), value.data(), size) == 0);
+  // The connection that sent the HELLO still works without naming anything.
+  require_ok(first.command(peer.window("DMA.SET", "pooled", size)));
+
+  // Named by another connection, the binding outlives the connection that made it.
+  first.close();
+  CHECK(wait_for(second, "dma_clients", 0) == 0);
+  CHECK(info_value(second, "hello_bindings") == 1);
+  require_ok(second.command(naming(peer.window("DMA.SET", "pooled", size), token)));
+  CHECK(second.command({"GET", "pooled"}).text == value);
+}
+
+TEST_CASE("a binding no other connection named goes with its connection; a named one after hello-idle-seconds",
+          "[module][hello]") {
+  ModuleServer server({}, {"hello-idle-seconds", "1"});
+  Peer peer(4096);
+  Resp admin(server.port());
+  {
+    Resp alone(server.port());
+    hello(alone, peer);
+    CHECK(info_value(admin, "hello_bindings") == 1);
+  }
+  CHECK(wait_for(admin, "hello_bindings", 0) == 0);
+
+  Resp sender(server.port());
+  const std::string token = hello_token(sender, peer);
+  Resp user(server.port());
+  require_ok(user.command(naming(peer.window("DMA.SET", "k", 16), token)));
+  sender.close();
+  CHECK(wait_for(admin, "dma_clients", 0) == 0);
+  CHECK(info_value(admin, "hello_bindings") == 1);
+  CHECK(wait_for(admin, "hello_bindings", 0) == 0);  // a second unused, then the next cron sweep
+  CHECK(info_value(admin, "hello_bindings_dropped") == 1);
+  require_error(user.command(naming(peer.window("DMA.SET", "k", 16), token)), "NOHELLO");
+}
+
+TEST_CASE("past max-hello-bindings a HELLO drops the least recently used closed binding, or is refused",
+          "[module][hello]") {
+  ModuleServer server({}, {"max-hello-bindings", "2"});
+  Peer peer(4096);
+  Resp a(server.port());
+  Resp b(server.port());
+  Resp c(server.port());
+  const std::string token_a = hello_token(a, peer);
+  hello(b, peer);
+  require_error(c.command({"DMA.HELLO", peer.address_hex()}), "too many DMA.HELLO bindings");
+  require_ok(c.command(naming(peer.window("DMA.SET", "k", 16), token_a)));  // shared now
+  a.close();
+  CHECK(wait_for(c, "dma_clients", 1) == 1);
+  CHECK(info_value(c, "hello_bindings") == 2);
+  hello(c, peer);  // room: a's binding goes
+  CHECK(info_value(c, "hello_bindings") == 2);
+  CHECK(info_value(c, "hello_bindings_dropped") == 1);
+  require_error(c.command(naming(peer.window("DMA.SET", "k", 16), token_a)), "NOHELLO");
 }
 
 TEST_CASE("DMA.SET writes its key and DMA.GET only reads it, for COMMAND GETKEYS and ACL key patterns", "[module]") {
@@ -232,8 +328,9 @@ TEST_CASE("MULTI and Lua refuse DMA.SET and DMA.GET instead of blocking", "[modu
     CHECK(element.is_error());
     CHECK(element.text.find("MULTI") != std::string_view::npos);
   }
+  // A script has no DMA.HELLO of its own.
   require_error(resp.command({"EVAL", "return redis.call('DMA.GET', 'k', KEYS[1], '0', '4096')", "1", peer.rkey()}),
-                "ERR");
+                "NOHELLO");
   CHECK(resp.command({"GET", "k"}).text == "v");
   CHECK(info_value(resp, "outstanding") == 0);  // nothing was submitted
   CHECK(resp.command({"PING"}).text == "PONG");
@@ -426,6 +523,59 @@ TEST_CASE("DMA.SET values count in used_memory and meet maxmemory's deny-oom", "
   CHECK(wait_for(resp, "outstanding", 0) == 0);
 }
 
+// The server asserts that nothing is replicated while writes are paused (CLIENT PAUSE WRITE, a
+// manual failover, the shutdown wait), and a blocked client's reply still runs then.
+TEST_CASE("a DMA.SET that completes while writes are paused is refused, and the server stays up", "[module][pause]") {
+  constexpr std::size_t size = 8 << 20;
+  ModuleServer primary;
+  ModuleServer replica({"--replicaof", "127.0.0.1", primary.port_text()});
+  Resp admin(primary.port());
+  const auto replica_deadline = std::chrono::steady_clock::now() + 20s;
+  while (server_info(admin, "connected_slaves") != "1" && std::chrono::steady_clock::now() < replica_deadline) {
+    std::this_thread::sleep_for(20ms);
+  }
+  REQUIRE(server_info(admin, "connected_slaves") == "1");
+
+  Peer peer(size, false);
+  const std::string value = pattern_text("paused", size);
+  std::memcpy(peer.memory().data(), value.data(), size);
+  Resp setter(primary.port());
+  hello(setter, peer);
+  setter.send_raw(encode(peer.window("DMA.SET", "paused", size)));
+  REQUIRE(wait_for(admin, "dma_sets_in_flight", 1) == 1);
+  require_ok(admin.command({"CLIENT", "PAUSE", "20000", "WRITE"}));
+  peer.resume();  // the transfer completes while writes are paused
+  require_error(setter.reply(), "TRYAGAIN");
+  CHECK(info_value(admin, "sets_refused_paused") == 1);
+  CHECK(admin.command({"PING"}).text == "PONG");
+  CHECK(admin.command({"EXISTS", "paused"}).integer == 0);
+
+  require_ok(admin.command({"CLIENT", "UNPAUSE"}));
+  require_ok(setter.command(peer.window("DMA.SET", "paused", size)));
+  CHECK(setter.command({"WAIT", "1", "20000"}).integer == 1);
+  Resp reader(replica.port());
+  CHECK(reader.command({"GET", "paused"}).text == value);
+}
+
+// A primary turned replica answers every blocked client -UNBLOCKED and never runs their replies.
+TEST_CASE("a primary turned replica mid-transfer answers -UNBLOCKED and stores nothing", "[module][pause]") {
+  constexpr std::size_t size = 4 << 20;
+  ModuleServer primary;
+  ModuleServer other;
+  Peer peer(size, false);
+  Resp setter(primary.port());
+  Resp admin(primary.port());
+  hello(setter, peer);
+  setter.send_raw(encode(peer.window("DMA.SET", "demoted", size)));
+  REQUIRE(wait_for(admin, "dma_sets_in_flight", 1) == 1);
+  require_ok(admin.command({"REPLICAOF", "127.0.0.1", other.port_text()}));
+  require_error(setter.reply(), "UNBLOCKED");
+  peer.resume();  // the read completes with nobody to answer: its value is freed
+  CHECK(wait_for(admin, "dma_sets_in_flight", 0) == 0);
+  CHECK(admin.command({"PING"}).text == "PONG");
+  CHECK(admin.command({"EXISTS", "demoted"}).integer == 0);
+}
+
 TEST_CASE("a DMA.SET reaches the append-only file: DEBUG LOADAOF brings the value back", "[module]") {
   ModuleServer server({"--appendonly", "yes", "--appendfsync", "always"});
   constexpr std::size_t size = 300000;
@@ -452,7 +602,7 @@ TEST_CASE("at confirm-gets notification dma-kv-client's 8 clients read every byt
   Resp resp(server.port());
   const auto hello = resp.command({"DMA.HELLO", peer.address_hex()});
   REQUIRE(hello.type == kv::resp::Reply::Type::array);
-  REQUIRE(hello.elements.size() == 4);
+  REQUIRE(hello.elements.size() == 5);
   CHECK(hello.elements[3].text == "notification");
   require_ok(resp.command({"SET", "k", "v"}));
   auto too_wide = peer.window("DMA.GET", "k", 4096);

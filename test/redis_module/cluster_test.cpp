@@ -188,11 +188,9 @@ TEST_CASE(
   const std::string value = fill(peer, key, size);
 
   Resp setter(from.port);
-  hello(setter, peer);
-  setter.send_raw(encode(peer.window("DMA.SET", key, size)));
   Resp old_owner(from.port);
   Resp new_owner(to.port);
-  REQUIRE(wait_for(old_owner, "dma_sets_in_flight", 1) == 1);
+  send_held_set(setter, old_owner, peer, key, size);
   // The slot holds no key yet: it moves without MIGRATE, as redis-cli --cluster reshard moves it.
   require_ok(new_owner.command({"CLUSTER", "SETSLOT", slot, "IMPORTING", from.id}));
   require_ok(old_owner.command({"CLUSTER", "SETSLOT", slot, "MIGRATING", to.id}));
@@ -222,10 +220,8 @@ TEST_CASE("a manual failover with a DMA.SET in flight answers the client an erro
   fill(peer, key, size);
 
   Resp setter(owner.port);
-  hello(setter, peer);
-  setter.send_raw(encode(peer.window("DMA.SET", key, size)));
   Resp old_primary(owner.port);
-  REQUIRE(wait_for(old_primary, "dma_sets_in_flight", 1) == 1);
+  send_held_set(setter, old_primary, peer, key, size);
   Resp promoted(replica.port);
   require_ok(promoted.command({"CLUSTER", "FAILOVER"}));
   // The old primary pauses writes, its replica takes over, and the old primary, demoted, answers

@@ -258,6 +258,14 @@ inline std::uint64_t wait_for(Resp& resp, const std::string& field, std::uint64_
   return now;
 }
 
+// Sends `setter`'s DMA.HELLO, then a DMA.SET of `peer`'s first `size` bytes without waiting for its
+// reply, and waits until `admin`'s server has it in flight (a peer built not running holds it there).
+inline void send_held_set(Resp& setter, Resp& admin, const Peer& peer, const std::string& key, std::size_t size) {
+  hello(setter, peer);
+  setter.send_raw(encode(peer.window("DMA.SET", key, size)));
+  REQUIRE(wait_for(admin, "dma_sets_in_flight", 1) == 1);
+}
+
 // Waits (bounded) until a DMA.INFO number is above 0: transfers are under way.
 inline bool wait_for_any(Resp& resp, const std::string& field, std::chrono::milliseconds bound = 20s) {
   const auto deadline = std::chrono::steady_clock::now() + bound;

@@ -540,9 +540,7 @@ TEST_CASE("a DMA.SET that completes while writes are paused is refused, and the 
   const std::string value = pattern_text("paused", size);
   std::memcpy(peer.memory().data(), value.data(), size);
   Resp setter(primary.port());
-  hello(setter, peer);
-  setter.send_raw(encode(peer.window("DMA.SET", "paused", size)));
-  REQUIRE(wait_for(admin, "dma_sets_in_flight", 1) == 1);
+  send_held_set(setter, admin, peer, "paused", size);
   require_ok(admin.command({"CLIENT", "PAUSE", "20000", "WRITE"}));
   peer.resume();  // the transfer completes while writes are paused
   require_error(setter.reply(), "TRYAGAIN");
@@ -565,9 +563,7 @@ TEST_CASE("a primary turned replica mid-transfer answers -UNBLOCKED and stores n
   Peer peer(size, false);
   Resp setter(primary.port());
   Resp admin(primary.port());
-  hello(setter, peer);
-  setter.send_raw(encode(peer.window("DMA.SET", "demoted", size)));
-  REQUIRE(wait_for(admin, "dma_sets_in_flight", 1) == 1);
+  send_held_set(setter, admin, peer, "demoted", size);
   require_ok(admin.command({"REPLICAOF", "127.0.0.1", other.port_text()}));
   require_error(setter.reply(), "UNBLOCKED");
   peer.resume();  // the read completes with nobody to answer: its value is freed

@@ -53,6 +53,14 @@ base_packages() {
   need_packages ccache
 }
 
+# Every package any stage installs, at once: .ci/run installs them first, so that no two
+# apt-get runs (a stage's and a background build's) meet on dpkg's lock.
+all_packages() {
+  base_packages &&
+    need_packages clang-14 libclang-rt-14-dev clang-format-14 clang-format clang-tidy-14 cmake doxygen \
+      autoconf automake libtool make libibverbs-dev
+}
+
 # One check: pass NAME, fail NAME.
 pass() { stage_passed=$((stage_passed + 1)); echo "== $*: ok"; }
 fail() { stage_failed=$((stage_failed + 1)); echo "== $*: FAILED"; }

@@ -4,11 +4,10 @@
 // the main thread (UnblockClient, which takes no server lock). The key space is read and written,
 // and the reply sent, in the reply callback on the main thread. See docs/redis-module.md.
 #include <dma/dma.hpp>
+#include <dma/kv/hello_bindings.hpp>
+#include <dma/kv/protocol.hpp>
 
-#include "confirmation.hpp"
-#include "fabric_host.hpp"
 #include "held_values.hpp"
-#include "hello_bindings.hpp"
 #include "module_api.hpp"
 #include "options.hpp"
 
@@ -31,6 +30,7 @@
 namespace {
 
 using rm::api;
+namespace errors = dma::kv::errors;
 using Clock = std::chrono::steady_clock;
 
 // DMA.SET values from this size on are held (HeldValues) so that DMA.GET can write from them;
@@ -123,11 +123,11 @@ struct Module {
   std::shared_ptr<dma::Pool> pool;
   std::unique_ptr<Service> service;
   dma::EndpointInfo info;
-  kv::Confirmation confirmation = kv::Confirmation::reply;  ///< what DMA.HELLO tells clients
+  dma::kv::Confirmation confirmation = dma::kv::Confirmation::reply;  ///< what DMA.HELLO tells clients
   std::string address_hex;
   /// Connection id -> the binding its DMA.HELLO made (the connection holds it while open).
-  std::unordered_map<std::uint64_t, kv::Binding> peers;
-  std::unique_ptr<kv::HelloBindings> bindings;
+  std::unordered_map<std::uint64_t, dma::kv::Binding> peers;
+  std::unique_ptr<dma::kv::HelloBindings> bindings;
   std::int64_t swept_ns = 0;    ///< when idle bindings were last dropped
   std::uint64_t maxmemory = 0;  ///< the server's: read at load and whenever CONFIG SET changes it
   GetCopies copies;
@@ -245,8 +245,7 @@ std::string commit_refusal(rm::Ctx* ctx, rm::String* key) {
   auto& counters = module->counters;
   if (api.AvoidReplicaTraffic() != 0) {
     ++counters.sets_refused_paused;
-    return "TRYAGAIN writes are paused on this server (CLIENT PAUSE WRITE, a failover or a shutdown): the value "
-           "was not stored; send DMA.SET again";
+    return errors::writes_paused();
   }
   if ((api.GetContextFlags(ctx) & rm::ctx_flags_cluster) == 0) return {};
   errno = 0;
@@ -257,11 +256,10 @@ std::string commit_refusal(rm::Ctx* ctx, rm::String* key) {
   }
   if (errno == ENETDOWN || errno == EROFS) {
     ++counters.sets_refused_cluster_down;
-    return "CLUSTERDOWN the cluster went down during the transfer: the value was not stored";
+    return errors::cluster_down();
   }
   ++counters.sets_refused_not_served;
-  return "TRYAGAIN the key's slot left this node during the transfer: the value was not stored; send DMA.SET "
-         "again (the cluster redirects it to the slot's owner)";
+  return errors::slot_moved();
 }
 
 // A transfer's reply, on the main thread, when its client is still connected: stores a DMA.SET's
@@ -270,7 +268,7 @@ int reply(rm::Ctx* ctx, rm::String**, int) {
   auto* transfer = static_cast<Transfer*>(api.GetBlockedClientPrivateData(ctx));
   auto& counters = module->counters;
   const auto& outcome = transfer->outcome;
-  if (!outcome) return error(ctx, "ERR transfer failed: " + outcome.message());
+  if (!outcome) return error(ctx, errors::transfer_failed(outcome.message()));
   const std::uint32_t crc = transfer->known_crc.value_or(outcome->checksum.value_or(0));
   if (!transfer->set) {
     api.ReplyWithArray(ctx, 2);
@@ -279,8 +277,7 @@ int reply(rm::Ctx* ctx, rm::String**, int) {
   }
   if (transfer->expected_crc && *transfer->expected_crc != crc) {
     ++counters.crc_mismatches;
-    return error(ctx, "ERR CRC mismatch: the client sent crc32c " + std::to_string(*transfer->expected_crc) +
-                          ", the server read " + std::to_string(crc) + "; the key is unchanged");
+    return error(ctx, errors::crc_mismatch(*transfer->expected_crc));
   }
   rm::String* name = api.CreateString(ctx, transfer->key.data(), transfer->key.size());
   if (const std::string refusal = commit_refusal(ctx, name); !refusal.empty()) {
@@ -328,7 +325,7 @@ void release(rm::Ctx*, void* data) {
 void client_left(rm::Ctx*, rm::BlockedClient*) { ++module->counters.replies_dropped; }
 
 // Blocks the client and submits; the completer unblocks it.
-void start(rm::Ctx* ctx, Transfer* transfer, const kv::Binding& peer, std::uint64_t rkey, std::uint64_t address) {
+void start(rm::Ctx* ctx, Transfer* transfer, const dma::kv::Binding& peer, std::uint64_t rkey, std::uint64_t address) {
   auto& counters = module->counters;
   ++(transfer->set ? counters.sets_in_flight : counters.gets_in_flight);
   transfer->blocked = api.BlockClient(ctx, reply, nullptr, release, 0);
@@ -352,12 +349,13 @@ void start(rm::Ctx* ctx, Transfer* transfer, const kv::Binding& peer, std::uint6
 
 // The client a data command is for: the binding its `CLIENT <token>` names, or the one this
 // connection's DMA.HELLO made; nullopt after replying an error.
-std::optional<kv::Binding> client_of(rm::Ctx* ctx, std::string_view command, std::optional<std::string_view> named) {
+std::optional<dma::kv::Binding> client_of(rm::Ctx* ctx, std::string_view command,
+                                          std::optional<std::string_view> named) {
   if (!module->service) {
-    error(ctx, "ERR the dma module is shutting down");
+    error(ctx, errors::shutting_down());
     return std::nullopt;
   }
-  std::optional<kv::Binding> binding;
+  std::optional<dma::kv::Binding> binding;
   if (named) {
     const auto own = module->peers.find(api.GetClientId(ctx));
     binding = module->bindings->find(*named, own == module->peers.end() ? 0 : own->second.id);
@@ -367,12 +365,11 @@ std::optional<kv::Binding> client_of(rm::Ctx* ctx, std::string_view command, std
   }
   if (!binding) {
     ++module->counters.no_hello;
-    error(ctx, kv::no_hello_error(named));
+    error(ctx, errors::no_hello(named));
     return std::nullopt;
   }
   if (api.GetContextFlags(ctx) & rm::ctx_flags_deny_blocking) {
-    error(ctx, "ERR " + std::string(command) +
-                   " cannot run inside MULTI or a script: it blocks its client until the transfer completes");
+    error(ctx, errors::cannot_block(command));
     return std::nullopt;
   }
   return binding;
@@ -389,79 +386,53 @@ void sweep_bindings() {
   }
 }
 
-// The arguments after a data command's window, as a vector of views.
-std::vector<std::string_view> rest_of(rm::String** argv, int argc, int from) {
-  std::vector<std::string_view> rest;
-  for (int i = from; i < argc; ++i)
-    rest.push_back(view(argv[i]));
-  return rest;
-}
-
-struct Window {
-  std::uint64_t rkey = 0, address = 0, length = 0;
-};
-
-// `<rkey> <remote-addr> <length>`; replies the error and returns nullopt when one is wrong.
-std::optional<Window> parse_window(rm::Ctx* ctx, rm::String** fields, const char* length_name) {
-  const auto rkey = dma::parse_u64(view(fields[0]));
-  const auto address = dma::parse_u64(view(fields[1]));
-  const auto length = dma::parse_u64(view(fields[2]));
-  std::string why;
-  if (!rkey) {
-    why = "ERR invalid rkey '" + std::string(view(fields[0]).substr(0, 32)) + "'";
-  } else if (!address) {
-    why = "ERR invalid remote address '" + std::string(view(fields[1]).substr(0, 32)) + "'";
-  } else if (!length) {
-    why = "ERR invalid " + std::string(length_name) + " '" + std::string(view(fields[2]).substr(0, 32)) + "'";
-  } else if (*length > UINT64_MAX - *address) {
-    why = "ERR the remote range overflows";
-  }
-  if (!why.empty()) {
-    error(ctx, why);
-    return std::nullopt;
-  }
-  return Window{*rkey, *address, *length};
+// A command's arguments as views, its name included.
+std::vector<std::string_view> views(rm::String** argv, int argc) {
+  std::vector<std::string_view> arguments;
+  arguments.reserve(static_cast<std::size_t>(argc));
+  for (int i = 0; i < argc; ++i)
+    arguments.push_back(view(argv[i]));
+  return arguments;
 }
 
 int hello(rm::Ctx* ctx, rm::String** argv, int argc) {
-  if (argc != 2) return api.WrongArity(ctx);
-  if (!module->service) return error(ctx, "ERR the dma module is shutting down");
   auto& counters = module->counters;
+  const auto request = dma::kv::parse_hello(views(argv, argc), module->info.addr_format);
+  if (!request.error.empty()) {
+    if (argc == 2) ++counters.hellos_rejected;
+    return error(ctx, request.error);
+  }
+  if (!module->service) return error(ctx, errors::shutting_down());
   const std::uint64_t id = api.GetClientId(ctx);
-  if (module->peers.contains(id)) return error(ctx, "ERR DMA.HELLO was already sent on this connection");
+  if (module->peers.contains(id)) return error(ctx, errors::hello_repeated());
   auto reject = [&](const std::string& why) {
     ++counters.hellos_rejected;
-    return error(ctx, "ERR invalid fabric address: " + why);
+    return error(ctx, errors::invalid_fabric_address(why));
   };
-  const std::string_view hex = view(argv[1]);
-  if (hex.size() > 2 * dma::PeerAddress::capacity) return reject("longer than any supported format");
-  std::error_code ec;
-  const auto address = dma::decode_hex(hex, ec);
-  if (ec) return reject("not hex");
-  if (ec = dma::validate_address(address, module->info.addr_format); ec) return reject(ec.message());
+  const auto& address = request.address;
   if (!module->options.allow_any_fabric_host) {
     rm::ClientInfo client;
     if (api.GetClientInfoById(&client, id) != rm::ok) return reject("the connection's own address is unknown");
     if (client.flags & rm::clientinfo_flag_unixsocket) return reject("a unix-socket connection names no host");
-    const auto peer = asio::ip::make_address(client.addr, ec);
-    if (ec) return reject(std::string("the connection's address '") + client.addr + "' is not an IP");
-    if (auto why = kv::check_same_host(address, module->info.addr_format, peer); !why.empty()) return reject(why);
+    if (auto why = dma::kv::check_same_host(address, module->info.addr_format, client.addr); !why.empty()) {
+      return reject(why);
+    }
   }
   sweep_bindings();
   std::vector<std::uint64_t> dropped;
-  std::optional<kv::Binding> binding;
+  std::optional<dma::kv::Binding> binding;
   try {
     binding = module->bindings->bind(id, address, dropped);
   } catch (const std::system_error& e) {
-    return error(ctx, std::string("ERR ") + e.what());
+    return error(ctx, errors::no_random(e.what()));
   }
   for (const std::uint64_t gone : dropped)
     module->service->remove_peer(gone);
   if (!binding) {
     ++counters.hellos_rejected;
-    return error(ctx, "ERR too many DMA.HELLO bindings (max-hello-bindings " +
-                          std::to_string(module->options.max_hello_bindings) + "), each held by an open connection");
+    return error(ctx, errors::too_many_bindings("max-hello-bindings", module->options.max_hello_bindings));
   }
+  std::error_code ec;
   module->service->add_peer(id, address, ec);  // a round trip to the fabric thread, once per client
   if (ec) {
     module->bindings->release(id);
@@ -474,33 +445,17 @@ int hello(rm::Ctx* ctx, rm::String** argv, int argc) {
   api.ReplyWithStringBuffer(ctx, module->address_hex.data(), module->address_hex.size());
   api.ReplyWithLongLong(ctx, static_cast<long long>(id));
   api.ReplyWithLongLong(ctx, static_cast<long long>(module->options.max_value));
-  const auto confirmation = kv::to_string(module->confirmation);
+  const auto confirmation = dma::kv::to_string(module->confirmation);
   api.ReplyWithStringBuffer(ctx, confirmation.data(), confirmation.size());
   return api.ReplyWithStringBuffer(ctx, binding->token.data(), binding->token.size());
 }
 
 int dma_set(rm::Ctx* ctx, rm::String** argv, int argc) {
-  if (argc < 5 || argc > 8) return api.WrongArity(ctx);
-  kv::TransferOptions extra;
-  if (auto why = kv::parse_transfer_options(rest_of(argv, argc, 5), extra); !why.empty()) return error(ctx, why);
-  const auto peer = client_of(ctx, "DMA.SET", extra.client);
+  const auto request = dma::kv::parse_set(views(argv, argc), module->options.max_value);
+  if (!request.error.empty()) return error(ctx, request.error);
+  const auto peer = client_of(ctx, "DMA.SET", request.client);
   if (!peer) return rm::ok;
-  const auto window = parse_window(ctx, argv + 2, "length");
-  if (!window) return rm::ok;
-  std::optional<std::uint32_t> expected;
-  if (extra.positional) {
-    const auto crc = dma::parse_u64(*extra.positional);
-    if (!crc || *crc > UINT32_MAX) {
-      return error(ctx, "ERR invalid crc32c '" + std::string(extra.positional->substr(0, 32)) + "'");
-    }
-    expected = static_cast<std::uint32_t>(*crc);
-  }
-  const std::size_t max_value = module->options.max_value;
-  if (window->length > max_value) {
-    return error(ctx, "ERR value of " + std::to_string(window->length) + " bytes exceeds the limit of " +
-                          std::to_string(max_value));
-  }
-  const auto length = static_cast<std::size_t>(window->length);
+  const auto length = static_cast<std::size_t>(request.window.length);
   // A string the server allocates (so it counts in used_memory and maxmemory), which the read
   // fills and StringSet then stores: Redis 7.0 keeps this very object, Valkey 8.1 copies it.
   const std::int64_t began = now_ns();
@@ -509,10 +464,6 @@ int dma_set(rm::Ctx* ctx, rm::String** argv, int argc) {
   counters.set_alloc_ns += static_cast<std::uint64_t>(now_ns() - began);
   counters.set_alloc_bytes += length;
   if (length == 0) {
-    if (expected && *expected != 0) {
-      api.FreeString(nullptr, value);
-      return error(ctx, "ERR CRC mismatch: an empty value has crc32c 0");
-    }
     rm::Key* key = api.OpenKey(ctx, argv[1], rm::write);
     api.StringSet(key, value);
     api.CloseKey(key);
@@ -528,8 +479,8 @@ int dma_set(rm::Ctx* ctx, rm::String** argv, int argc) {
   // Written before anyone else sees the string: it is stored only after the read completed.
   transfer->bytes = reinterpret_cast<std::byte*>(const_cast<char*>(view(value).data()));
   transfer->length = length;
-  transfer->expected_crc = expected;
-  start(ctx, transfer, *peer, window->rkey, window->address);
+  transfer->expected_crc = request.crc;
+  start(ctx, transfer, *peer, request.window.rkey, request.window.address);
   return rm::ok;
 }
 
@@ -541,56 +492,42 @@ std::string refuse_copy(const std::string& owner, std::size_t length) {
   auto& m = *module;
   if (m.maxmemory != 0 && api.GetUsedMemoryRatio() > 1.0F) {
     ++m.counters.gets_refused_oom;
-    return "OOM command not allowed when used memory > 'maxmemory'.";
+    return errors::over_maxmemory();
   }
   const auto over = [&](std::uint64_t held, std::uint64_t limit) { return held != 0 && held + length > limit; };
   const auto it = m.copies.by_client.find(owner);
   const std::uint64_t own = it == m.copies.by_client.end() ? 0 : it->second;
   std::string why;
   if (over(m.copies.held, m.copy_limit())) {
-    why = "ERR DMA.GET copies hold " + std::to_string(m.copies.held) + " bytes and this value's " +
-          std::to_string(length) + " would pass get-copy-limit (" + std::to_string(m.copy_limit()) +
-          "); retry when transfers end";
+    why = errors::copy_limit(m.copies.held, length, m.copy_limit());
   } else if (over(own, m.copy_client_limit())) {
-    why = "ERR this client's DMA.GET copies hold " + std::to_string(own) + " bytes and this value's " +
-          std::to_string(length) + " would pass get-copy-client-limit (" + std::to_string(m.copy_client_limit()) +
-          "); retry when its transfers end";
+    why = errors::client_copy_limit(own, length, m.copy_client_limit());
   }
   if (!why.empty()) ++m.counters.gets_refused_copy_limit;
   return why;
 }
 
 int dma_get(rm::Ctx* ctx, rm::String** argv, int argc) {
-  if (argc < 5 || argc > 8) return api.WrongArity(ctx);
-  kv::TransferOptions extra;
-  if (auto why = kv::parse_transfer_options(rest_of(argv, argc, 5), extra); !why.empty()) return error(ctx, why);
-  const auto peer = client_of(ctx, "DMA.GET", extra.client);
+  const auto request = dma::kv::parse_get(views(argv, argc));
+  if (!request.error.empty()) return error(ctx, request.error);
+  const auto peer = client_of(ctx, "DMA.GET", request.client);
   if (!peer) return rm::ok;
-  const auto window = parse_window(ctx, argv + 2, "capacity");
-  if (!window) return rm::ok;
-  std::optional<std::uint64_t> token;
-  if (extra.positional) {
-    token = dma::parse_u64(*extra.positional);
-    if (!token || *token > kv::max_token) {
-      return error(ctx, "ERR invalid token '" + std::string(extra.positional->substr(0, 32)) +
-                            "': a notification token is a number below 2^32");
-    }
-  }
+  const auto window = &request.window;
+  const auto token = request.token;
   rm::Key* key = api.OpenKey(ctx, argv[1], rm::read);
   if (key == nullptr || api.KeyType(key) == rm::keytype_empty) {
     if (key != nullptr) api.CloseKey(key);
-    return error(ctx, "ERR no such key");
+    return error(ctx, errors::no_such_key());
   }
   if (api.KeyType(key) != rm::keytype_string) {
     api.CloseKey(key);
-    return error(ctx, "WRONGTYPE Operation against a key holding the wrong kind of value");
+    return error(ctx, errors::wrong_type());
   }
   std::size_t length = 0;
   const char* stored = api.StringDMA(key, &length, rm::read);
   if (length > window->length) {
     api.CloseKey(key);
-    return error(ctx, "ERR the value is " + std::to_string(length) + " bytes, the client's buffer holds " +
-                          std::to_string(window->length));
+    return error(ctx, errors::buffer_too_small(length, window->length));
   }
   if (length == 0) {
     api.CloseKey(key);
@@ -627,7 +564,7 @@ int dma_get(rm::Ctx* ctx, rm::String** argv, int argc) {
   auto* copy = static_cast<std::byte*>(std::malloc(length));
   if (copy == nullptr) {
     api.CloseKey(key);
-    return error(ctx, "ERR out of memory for a DMA.GET copy of " + std::to_string(length) + " bytes");
+    return error(ctx, errors::copy_out_of_memory(length));
   }
   std::memcpy(copy, stored, length);
   api.CloseKey(key);
@@ -648,82 +585,66 @@ int dma_get(rm::Ctx* ctx, rm::String** argv, int argc) {
 
 std::string info_text() {
   const auto& c = module->counters;
-  std::string s;
-  auto line = [&](std::string_view field, const auto& value) {
-    s += field;
-    s += ':';
-    if constexpr (std::is_convertible_v<decltype(value), std::string_view>) {
-      s += std::string_view(value);
-    } else {
-      s += std::to_string(value);
+  dma::kv::InfoFields fields;
+  fields.server = "dma-module";
+  fields.provider = module->info.provider;
+  fields.fabric_address = module->address_hex;
+  fields.any_fabric_host = module->options.allow_any_fabric_host;
+  fields.max_value = module->options.max_value;
+  fields.confirmation = module->confirmation;
+  fields.dma_clients = c.dma_clients;
+  fields.hellos = c.hellos;
+  fields.hellos_rejected = c.hellos_rejected;
+  fields.hello_bindings = module->bindings ? module->bindings->size() : 0;
+  fields.hello_bindings_dropped = module->bindings ? module->bindings->dropped() : 0;
+  fields.no_hello = c.no_hello;
+  fields.outstanding = module->service ? module->service->outstanding() : 0;
+  fields.sets_in_flight = c.sets_in_flight;
+  fields.gets_in_flight = c.gets_in_flight;
+  fields.transfers_ok = c.transfers_ok;
+  fields.transfers_failed = c.transfers_failed;
+  fields.transfers_timed_out = c.transfers_timed_out;
+  fields.crc_mismatches = c.crc_mismatches;
+  fields.bytes_read = c.bytes_read;
+  fields.bytes_written = c.bytes_written;
+  fields.gets_notified = c.gets_notified;
+  if (module->service) fields.service = module->service->metrics();
+  using Section = dma::kv::InfoSection;
+  return dma::kv::info_text(fields, [&](Section section, dma::kv::InfoText& t) {
+    if (section == Section::server) {
+      t.field("maxmemory", module->maxmemory);
+    } else if (section == Section::transfers) {
+      t.field("replies_dropped", c.replies_dropped);
+      t.field("get_copies", c.get_copies);
+      t.field("get_copy_bytes", c.get_copy_bytes);
+      t.field("get_copy_us", c.get_copy_ns / 1000);
+      t.field("get_copies_held_bytes", module->copies.held);
+      t.field("get_copy_limit", module->copy_limit());
+      t.field("get_copy_client_limit", module->copy_client_limit());
+      t.field("gets_refused_copy_limit", c.gets_refused_copy_limit);
+      t.field("gets_refused_oom", c.gets_refused_oom);
+      t.field("sets_refused_paused", c.sets_refused_paused);
+      t.field("sets_refused_not_served", c.sets_refused_not_served);
+      t.field("sets_refused_cluster_down", c.sets_refused_cluster_down);
+      t.field("gets_from_held", c.gets_from_held);
+      t.field("held_values", module->held.count());
+      t.field("held_bytes", module->held.bytes());
+      t.field("set_alloc_bytes", c.set_alloc_bytes);
+      t.field("set_alloc_us", c.set_alloc_ns / 1000);
+      t.field("completions_handed", c.handed.load(std::memory_order_relaxed));
+      t.field("completer_max_us",
+              static_cast<std::uint64_t>(c.completer_max_ns.load(std::memory_order_relaxed) / 1000));
+      t.field("handoff_max_us", static_cast<std::uint64_t>(c.handoff_max_ns.load(std::memory_order_relaxed) / 1000));
+    } else if (section == Section::service) {
+      t.field("completer_failures", module->service->completer_failures());
     }
-    s += "\r\n";
-  };
-  s += "# Server\r\n";
-  line("server", "dma-module");
-  line("libfabric_version", dma::fabric_version());
-  line("provider", module->info.provider);
-  line("fabric_address", module->address_hex);
-  line("any_fabric_host", module->options.allow_any_fabric_host ? "yes" : "no");
-  line("max_value", module->options.max_value);
-  line("maxmemory", module->maxmemory);
-  line("get_confirmation", kv::to_string(module->confirmation));
-  s += "\r\n# Clients\r\n";
-  line("dma_clients", c.dma_clients);
-  line("hellos", c.hellos);
-  line("hellos_rejected", c.hellos_rejected);
-  line("hello_bindings", module->bindings ? module->bindings->size() : 0);
-  line("hello_bindings_dropped", module->bindings ? module->bindings->dropped() : 0);
-  line("no_hello", c.no_hello);
-  s += "\r\n# Transfers\r\n";
-  line("outstanding", module->service ? module->service->outstanding() : 0);
-  line("dma_sets_in_flight", c.sets_in_flight);
-  line("dma_gets_in_flight", c.gets_in_flight);
-  line("transfers_ok", c.transfers_ok);
-  line("transfers_failed", c.transfers_failed);
-  line("transfers_timed_out", c.transfers_timed_out);
-  line("crc_mismatches", c.crc_mismatches);
-  line("replies_dropped", c.replies_dropped);
-  line("bytes_read_from_clients", c.bytes_read);
-  line("bytes_written_to_clients", c.bytes_written);
-  line("gets_notified", c.gets_notified);
-  line("get_copies", c.get_copies);
-  line("get_copy_bytes", c.get_copy_bytes);
-  line("get_copy_us", c.get_copy_ns / 1000);
-  line("get_copies_held_bytes", module->copies.held);
-  line("get_copy_limit", module->copy_limit());
-  line("get_copy_client_limit", module->copy_client_limit());
-  line("gets_refused_copy_limit", c.gets_refused_copy_limit);
-  line("gets_refused_oom", c.gets_refused_oom);
-  line("sets_refused_paused", c.sets_refused_paused);
-  line("sets_refused_not_served", c.sets_refused_not_served);
-  line("sets_refused_cluster_down", c.sets_refused_cluster_down);
-  line("gets_from_held", c.gets_from_held);
-  line("held_values", module->held.count());
-  line("held_bytes", module->held.bytes());
-  line("set_alloc_bytes", c.set_alloc_bytes);
-  line("set_alloc_us", c.set_alloc_ns / 1000);
-  line("completions_handed", c.handed.load(std::memory_order_relaxed));
-  line("completer_max_us", c.completer_max_ns.load(std::memory_order_relaxed) / 1000);
-  line("handoff_max_us", c.handoff_max_ns.load(std::memory_order_relaxed) / 1000);
-  if (module->service) {
-    const auto m = module->service->metrics();
-    s += "\r\n# Service\r\n";
-    line("posted", m.posted);
-    line("completed", m.completed);
-    line("failed", m.failed);
-    line("eagain", m.eagain);
-    line("fd_wakeups", m.fd_wakeups);
-    line("backstop_hits", m.backstop_hits);
-    line("registrations", m.registrations);
-    line("cache_entries", m.cache_entries);
-    line("completer_failures", module->service->completer_failures());
-  }
-  return s;
+  });
 }
 
-int dma_info(rm::Ctx* ctx, rm::String**, int argc) {
-  if (argc != 1) return api.WrongArity(ctx);
+int dma_info(rm::Ctx* ctx, rm::String** argv, int argc) {
+  if (!dma::kv::arity_fits(dma::kv::info_command, static_cast<std::size_t>(argc))) {
+    return error(ctx, errors::wrong_arity(view(argv[0])));
+  }
   const std::string text = info_text();
   return api.ReplyWithStringBuffer(ctx, text.data(), text.size());
 }
@@ -787,7 +708,7 @@ int load(rm::Ctx* ctx, rm::String** argv, int argc) {
     api.Log(ctx, "warning", "dma: %s", why.c_str());
     return rm::err;
   }
-  loaded->bindings = std::make_unique<kv::HelloBindings>(kv::HelloBindings::Limits{
+  loaded->bindings = std::make_unique<dma::kv::HelloBindings>(dma::kv::HelloBindings::Limits{
       loaded->options.max_hello_bindings, std::chrono::seconds(loaded->options.hello_idle_seconds)});
   try {
     const auto configuration = loaded->options.configuration();
@@ -800,9 +721,9 @@ int load(rm::Ctx* ctx, rm::String** argv, int argc) {
     return rm::err;
   }
   loaded->info = loaded->service->describe();
-  loaded->confirmation = kv::resolve_confirmation(loaded->options.confirm_gets, loaded->info);
-  if (auto why = kv::check_token_room(loaded->info);
-      !why.empty() && loaded->confirmation == kv::Confirmation::notification) {
+  loaded->confirmation = dma::kv::resolve_confirmation(loaded->options.confirm_gets, loaded->info);
+  if (auto why = dma::kv::check_token_room(loaded->info);
+      !why.empty() && loaded->confirmation == dma::kv::Confirmation::notification) {
     api.Log(ctx, "warning", "dma: confirm-gets notification: %s", why.c_str());
     stop();
     module = nullptr;
@@ -812,26 +733,25 @@ int load(rm::Ctx* ctx, rm::String** argv, int argc) {
   module = loaded.release();
   // DMA.SET overwrites its key as SET does, DMA.GET reads and returns it as GET does: ACL key
   // patterns (%R~, %W~), COMMAND GETKEYS and READONLY replicas see them so.
-  struct Command {
-    const char* name;
-    rm::CmdFunc function;
-    const char* flags;
-    int first_key;
-    const char* summary;
-    std::uint64_t key_flags;
-  };
-  const Command commands[] = {
-      {"dma.hello", hello, "readonly", 0, nullptr, 0},
-      {"dma.set", dma_set, "write deny-oom", 1, "Stores a value the server reads from the client's memory",
-       rm::key_ow | rm::key_update},
-      {"dma.get", dma_get, "readonly", 1, "Writes a value into the client's memory", rm::key_ro | rm::key_access},
-      {"dma.info", dma_info, "readonly fast", 0, nullptr, 0},
-  };
-  for (const auto& c : commands) {
-    const bool created =
-        api.CreateCommand(ctx, c.name, c.function, c.flags, c.first_key, c.first_key, c.first_key) == rm::ok;
-    if (!created || (c.key_flags != 0 && !rm::describe_single_key_command(ctx, c.name, c.summary, -5, c.key_flags))) {
-      api.Log(ctx, "warning", "dma: creating the command %s", c.name);
+  const std::pair<const dma::kv::Command*, rm::CmdFunc> commands[] = {{&dma::kv::hello_command, hello},
+                                                                      {&dma::kv::set_command, dma_set},
+                                                                      {&dma::kv::get_command, dma_get},
+                                                                      {&dma::kv::info_command, dma_info}};
+  for (const auto& [command, function] : commands) {
+    std::string name(command->name);
+    for (auto& ch : name)
+      ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    const std::string flags(command->flags);
+    const int key = command->key_position;
+    const std::uint64_t key_flags = key == 0              ? 0
+                                    : command->writes_key ? rm::key_ow | rm::key_update
+                                                          : rm::key_ro | rm::key_access;
+    const std::string summary(command->summary);
+    const bool created = api.CreateCommand(ctx, name.c_str(), function, flags.c_str(), key, key, key) == rm::ok;
+    if (!created ||
+        (key_flags != 0 && !rm::describe_single_key_command(ctx, name.c_str(), summary.c_str(),
+                                                            -static_cast<int>(command->min_args), key_flags))) {
+      api.Log(ctx, "warning", "dma: creating the command %s", name.c_str());
       stop();
       delete std::exchange(module, nullptr);
       return rm::err;
@@ -846,7 +766,7 @@ int load(rm::Ctx* ctx, rm::String** argv, int argc) {
   read_maxmemory(ctx);
   api.Log(ctx, "notice", "dma: fabric %s, address %s, max-value %zu, DMA.GET confirmed by %s",
           module->info.provider.c_str(), module->address_hex.c_str(), module->options.max_value,
-          std::string(kv::to_string(module->confirmation)).c_str());
+          std::string(dma::kv::to_string(module->confirmation)).c_str());
   return rm::ok;
 }
 

@@ -1,6 +1,6 @@
 #include "options.hpp"
 
-#include <dma/advertisement.hpp>
+#include <dma/kv/protocol.hpp>
 
 #include <chrono>
 
@@ -20,7 +20,7 @@ std::string parse_flag(std::string_view key, std::string_view value, bool& flag)
 }
 
 std::string parse_number(std::string_view key, std::string_view value, std::uint64_t low, std::uint64_t& number) {
-  const auto parsed = dma::parse_u64(value);
+  const auto parsed = dma::kv::parse_number(value);
   if (!parsed || *parsed < low) {
     return std::string(key) + " takes a whole number of at least " + std::to_string(low) + ", not '" +
            std::string(value) + "'";
@@ -66,7 +66,7 @@ std::string parse_options(std::span<const std::string_view> arguments, Options& 
     } else if (key == "hello-idle-seconds") {
       if (why = parse_number(key, value, 1, number); why.empty()) options.hello_idle_seconds = number;
     } else if (key == "confirm-gets") {
-      if (!kv::parse_confirmation_setting(value, options.confirm_gets)) {
+      if (!dma::kv::parse_confirmation_setting(value, options.confirm_gets)) {
         why = "confirm-gets takes auto, reply or notification, not '" + std::string(value) + "'";
       }
     } else {

@@ -2,7 +2,7 @@
 // so the parser can be tested alone.
 #pragma once
 
-#include "confirmation.hpp"
+#include <dma/kv/protocol.hpp>
 
 #include <dma/configuration.hpp>
 
@@ -25,10 +25,10 @@ struct Options {
   bool efa = false;
   std::size_t max_value = std::size_t{16} << 20;
   bool allow_any_fabric_host = false;
-  std::size_t pool_threads = 2;                  ///< 0: no pool, CRCs on the fabric thread
-  std::uint64_t transfer_deadline_ms = 0;        ///< 0: the configuration's
-  bool hold_values = true;                       ///< DMA.GET writes from the string DMA.SET stored
-  std::optional<kv::Confirmation> confirm_gets;  ///< none: auto, from the endpoint
+  std::size_t pool_threads = 2;                       ///< 0: no pool, CRCs on the fabric thread
+  std::uint64_t transfer_deadline_ms = 0;             ///< 0: the configuration's
+  bool hold_values = true;                            ///< DMA.GET writes from the string DMA.SET stored
+  std::optional<dma::kv::Confirmation> confirm_gets;  ///< none: auto, from the endpoint
   /// Bytes all DMA.GET copies may hold at once; none: maxmemory/8, or default_get_copy_limit
   /// without maxmemory.
   std::optional<std::uint64_t> get_copy_limit;

@@ -6,11 +6,11 @@
 //   dma-kv-client --port P info
 //   dma-kv-client --port P bench --clients N --sizes 4096,1M --ratio 1:1 --duration 5 [--json]
 #include <dma/dma.hpp>
+#include <dma/kv/protocol.hpp>
+#include <dma/kv/resp.hpp>
 
-#include "confirmation.hpp"
 #include "notification_router.hpp"
 #include "pattern.hpp"
-#include "resp.hpp"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -72,14 +72,14 @@ class RespConnection {
 
   /// Sends a command (with `payload` as one more bulk argument when given) and reads its reply,
   /// whose strings view the connection's buffer until the next command.
-  asio::awaitable<kv::resp::Reply> command(std::span<const std::string> arguments,
-                                           std::optional<std::span<const std::byte>> payload = std::nullopt) {
+  asio::awaitable<dma::kv::resp::Reply> command(std::span<const std::string> arguments,
+                                                std::optional<std::span<const std::byte>> payload = std::nullopt) {
     discard_reply();
     out_.clear();
-    kv::resp::append_array_header(out_, arguments.size() + (payload ? 1 : 0));
+    dma::kv::resp::append_array_header(out_, arguments.size() + (payload ? 1 : 0));
     for (const auto& argument : arguments)
-      kv::resp::append_bulk(out_, argument);
-    std::string header = payload ? kv::resp::bulk_header(payload->size()) : std::string();
+      dma::kv::resp::append_bulk(out_, argument);
+    std::string header = payload ? dma::kv::resp::bulk_header(payload->size()) : std::string();
     out_ += header;
     std::array<asio::const_buffer, 3> buffers{
         asio::buffer(out_), payload ? asio::buffer(payload->data(), payload->size()) : asio::const_buffer(),
@@ -87,12 +87,12 @@ class RespConnection {
     co_await asio::async_write(socket_, buffers, asio::use_awaitable);
     for (;;) {
       const auto parsed =
-          kv::resp::parse_reply(std::string_view(buffer_.data() + begin_, end_ - begin_), limits_, reply_);
-      if (parsed.status == kv::resp::Status::complete) {
+          dma::kv::resp::parse_reply(std::string_view(buffer_.data() + begin_, end_ - begin_), limits_, reply_);
+      if (parsed.status == dma::kv::resp::Status::complete) {
         pending_ = parsed.consumed;
         co_return std::move(reply_);
       }
-      if (parsed.status == kv::resp::Status::error) throw Failure("the server's reply: " + parsed.error);
+      if (parsed.status == dma::kv::resp::Status::error) throw Failure("the server's reply: " + parsed.error);
       make_room(parsed.needed);
       const std::size_t n = co_await socket_.async_read_some(asio::buffer(buffer_.data() + end_, buffer_.size() - end_),
                                                              asio::use_awaitable);
@@ -119,15 +119,15 @@ class RespConnection {
   }
 
   tcp::socket socket_;
-  kv::resp::Limits limits_;
+  dma::kv::resp::Limits limits_;
   std::vector<char> buffer_;
   std::size_t begin_ = 0, end_ = 0, pending_ = 0;
   std::string out_;
-  kv::resp::Reply reply_;
+  dma::kv::resp::Reply reply_;
 };
 
-std::string reply_text(const kv::resp::Reply& reply) {
-  using T = kv::resp::Reply::Type;
+std::string reply_text(const dma::kv::resp::Reply& reply) {
+  using T = dma::kv::resp::Reply::Type;
   switch (reply.type) {
     case T::simple:
     case T::error:
@@ -147,8 +147,8 @@ bool same_bytes(std::span<const std::byte> a, std::span<const std::byte> b) {
   return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size()) == 0);
 }
 
-void expect_ok(const kv::resp::Reply& reply, std::string_view what) {
-  if (reply.type != kv::resp::Reply::Type::simple) throw Failure(std::string(what) + ": " + reply_text(reply));
+void expect_ok(const dma::kv::resp::Reply& reply, std::string_view what) {
+  if (reply.type != dma::kv::resp::Reply::Type::simple) throw Failure(std::string(what) + ": " + reply_text(reply));
 }
 
 struct Common {
@@ -188,14 +188,14 @@ class SideChannel {
     channel->region_ = target.expose(channel->buffer_);
     const std::vector<std::string> arguments{"DMA.HELLO", dma::encode_hex(target.local_address())};
     const auto hello = co_await channel->resp_.command(arguments);
-    if (hello.type != kv::resp::Reply::Type::array || hello.elements.size() < 2) {
+    if (hello.type != dma::kv::resp::Reply::Type::array || hello.elements.size() < 2) {
       throw Failure("DMA.HELLO: " + reply_text(hello));
     }
     const auto server_address = dma::decode_hex(hello.elements[0].text);
     channel->client_id_ = static_cast<std::uint64_t>(hello.elements[1].integer);
     // A server that names no confirmation (three elements) replies once the bytes have landed.
     if (hello.elements.size() >= 4) {
-      const auto confirmation = kv::parse_confirmation(hello.elements[3].text);
+      const auto confirmation = dma::kv::parse_confirmation(hello.elements[3].text);
       if (!confirmation) throw Failure("DMA.HELLO: unknown confirmation '" + std::string(hello.elements[3].text) + "'");
       channel->confirmation_ = *confirmation;
     }
@@ -208,7 +208,7 @@ class SideChannel {
 
   std::span<std::byte> buffer() noexcept { return buffer_; }
   std::uint64_t client_id() const noexcept { return client_id_; }
-  kv::Confirmation confirmation() const noexcept { return confirmation_; }
+  dma::kv::Confirmation confirmation() const noexcept { return confirmation_; }
 
   /// DMA.SET of the first `length` bytes of the buffer.
   asio::awaitable<void> set(std::string_view key, std::size_t length) {
@@ -233,13 +233,13 @@ class SideChannel {
     std::vector<std::string> arguments{"DMA.GET", std::string(key), std::to_string(a.remote_key),
                                        std::to_string(a.remote_address), std::to_string(buffer_.size())};
     std::optional<PendingToken> token;
-    if (confirmation_ == kv::Confirmation::notification) {
+    if (confirmation_ == dma::kv::Confirmation::notification) {
       token.emplace(*router_);
       arguments.push_back(std::to_string(token->value));
     }
     name_client(arguments);
     const auto reply = co_await resp_.command(arguments);
-    if (reply.type != kv::resp::Reply::Type::array || reply.elements.size() != 2) {
+    if (reply.type != dma::kv::resp::Reply::Type::array || reply.elements.size() != 2) {
       throw Failure("DMA.GET: " + reply_text(reply));
     }
     const auto length = static_cast<std::size_t>(reply.elements[0].integer);
@@ -281,7 +281,7 @@ class SideChannel {
     arguments.emplace_back("CLIENT");
     arguments.push_back(token_);
   }
-  kv::Confirmation confirmation_ = kv::Confirmation::reply;
+  dma::kv::Confirmation confirmation_ = dma::kv::Confirmation::reply;
 };
 
 // Runs body on a fresh io_context with a Target (and its router) on it; rethrows what body throws.
@@ -560,11 +560,11 @@ class Bench {
           if (length != written.length || !same_bytes(channel->buffer().first(length), expected)) {
             ++result.mismatches;
           }
-          if (channel->confirmation() == kv::Confirmation::notification && length > 0) ++result.notified;
+          if (channel->confirmation() == dma::kv::Confirmation::notification && length > 0) ++result.notified;
         } else {
           const std::vector<std::string> arguments{"GET", names[k]};
           const auto reply = co_await resp->command(arguments);
-          if (reply.type != kv::resp::Reply::Type::bulk ||
+          if (reply.type != dma::kv::resp::Reply::Type::bulk ||
               !same_bytes(std::as_bytes(std::span(reply.text)), expected)) {
             ++result.mismatches;
           }

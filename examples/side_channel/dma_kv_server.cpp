@@ -4,11 +4,10 @@
 // and DEL work inline, so redis-cli shares the same store. See docs/side-channel.md.
 //   dma-kv-server [--port P] [--threads N] [--max-value BYTES] [--max-memory BYTES] ...
 #include <dma/dma.hpp>
+#include <dma/kv/hello_bindings.hpp>
+#include <dma/kv/protocol.hpp>
+#include <dma/kv/resp.hpp>
 
-#include "confirmation.hpp"
-#include "fabric_host.hpp"
-#include "hello_bindings.hpp"
-#include "resp.hpp"
 #include "store.hpp"
 
 #include <CLI/CLI.hpp>
@@ -39,6 +38,7 @@
 namespace {
 
 using asio::ip::tcp;
+namespace errors = dma::kv::errors;
 using namespace std::chrono_literals;
 constexpr auto tuple_awaitable = dma::compat::as_tuple(asio::use_awaitable);
 
@@ -55,9 +55,9 @@ struct Options {
   unsigned client_output_seconds = 60;
   unsigned idle_timeout = 0;  ///< seconds; 0: never
   bool allow_any_fabric_host = false;
-  std::string config;                            // a TOML file's [dma-libfabric] table, applied first
-  std::uint64_t transfer_deadline_ms = 0;        // 0: the configuration's (30 s by default)
-  std::optional<kv::Confirmation> confirm_gets;  // none: auto, from the endpoint
+  std::string config;                                 // a TOML file's [dma-libfabric] table, applied first
+  std::uint64_t transfer_deadline_ms = 0;             // 0: the configuration's (30 s by default)
+  std::optional<dma::kv::Confirmation> confirm_gets;  // none: auto, from the endpoint
   std::size_t max_hello_bindings = 65536;
   unsigned hello_idle_seconds = 300;
 };
@@ -120,12 +120,13 @@ class Server {
         client_buffers_(options.max_client_buffers),
         service_(io, configuration),
         info_(service_.describe()),
-        confirmation_(kv::resolve_confirmation(options.confirm_gets, info_)),
+        confirmation_(dma::kv::resolve_confirmation(options.confirm_gets, info_)),
         acceptor_(io, tcp::endpoint(asio::ip::make_address(options.bind), options.port)),
-        bindings_(
-            kv::HelloBindings::Limits{options.max_hello_bindings, std::chrono::seconds(options.hello_idle_seconds)}),
+        bindings_(dma::kv::HelloBindings::Limits{options.max_hello_bindings,
+                                                 std::chrono::seconds(options.hello_idle_seconds)}),
         started_(std::chrono::steady_clock::now()) {
-    if (auto why = kv::check_token_room(info_); !why.empty() && confirmation_ == kv::Confirmation::notification) {
+    if (auto why = dma::kv::check_token_room(info_);
+        !why.empty() && confirmation_ == dma::kv::Confirmation::notification) {
       throw std::runtime_error("--confirm-gets notification: " + why);
     }
     // A bulk somewhat over the value limit still parses, so SET can answer it with an error.
@@ -149,13 +150,13 @@ class Server {
   std::atomic<std::size_t> output_bytes_{0};
   Service service_;
   const dma::EndpointInfo info_;
-  const kv::Confirmation confirmation_;  ///< what the DMA.HELLO reply tells clients
+  const dma::kv::Confirmation confirmation_;  ///< what the DMA.HELLO reply tells clients
   tcp::acceptor acceptor_;
   kv::Store store_;
-  kv::resp::Limits limits_;
+  dma::kv::resp::Limits limits_;
   Counters counters_;
   std::atomic<std::uint64_t> next_client_id_{1};
-  kv::HelloBindings bindings_;         ///< every client's DMA.HELLO, by token
+  dma::kv::HelloBindings bindings_;    ///< every client's DMA.HELLO, by token
   std::atomic<unsigned> refusing_{0};  ///< refused connections still draining their input
   const std::chrono::steady_clock::time_point started_;
 
@@ -278,29 +279,21 @@ class Connection : public std::enable_shared_from_this<Connection> {
   };
 
   asio::awaitable<bool> execute(std::span<const std::string_view> arguments);
-  asio::awaitable<void> hello(std::string_view address_hex);
-  std::optional<kv::Binding> client_of(std::optional<std::string_view> named);
-  asio::awaitable<void> dma_set(std::span<const std::string_view> arguments, kv::Binding client,
-                                std::optional<std::string_view> crc_text);
-  asio::awaitable<void> dma_get(std::span<const std::string_view> arguments, kv::Binding client,
-                                std::optional<std::string_view> token_text);
+  asio::awaitable<void> hello(std::span<const std::string_view> arguments);
+  std::optional<dma::kv::Binding> client_of(std::optional<std::string_view> named);
+  asio::awaitable<void> dma_set(const dma::kv::TransferRequest& request, dma::kv::Binding client);
+  asio::awaitable<void> dma_get(const dma::kv::TransferRequest& request, dma::kv::Binding client);
   asio::awaitable<void> set_inline(std::string_view key, std::string_view value);
   void get_inline(std::string_view key);
   void error(std::string_view text) {
     ++server_.counters_.error_replies;
-    kv::resp::append_error(out_, text);
+    dma::kv::resp::append_error(out_, text);
   }
   void out_of_memory() {
     ++server_.counters_.oom_replies;
-    error("OOM the server's value memory limit (" + std::to_string(server_.values_->limit()) +
-          " bytes, --max-memory) is reached");
+    error(errors::value_memory_full(server_.values_->limit(), "--max-memory"));
   }
-  void wrong_arity(std::string_view command) {
-    std::string name(command);
-    for (auto& c : name)
-      c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-    error("ERR wrong number of arguments for '" + name + "' command");
-  }
+  void wrong_arity(std::string_view command) { error(errors::wrong_arity(command)); }
   /// Counts a finished transfer; true when it succeeded.
   bool account(const dma::Outcome& outcome) {
     if (outcome) {
@@ -334,7 +327,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::atomic<std::int64_t> idle_since_{0};
   std::atomic<std::int64_t> output_over_since_{0};
   std::atomic<bool> swept_{false};
-  std::optional<kv::Binding> hello_;  ///< the binding this connection's DMA.HELLO made
+  std::optional<dma::kv::Binding> hello_;  ///< the binding this connection's DMA.HELLO made
 };
 
 // The buffers after their first n bytes.
@@ -400,7 +393,7 @@ asio::awaitable<bool> Connection::flush() {
 }
 
 bool is_transfer(std::string_view name) {
-  return kv::resp::iequals(name, "DMA.SET") || kv::resp::iequals(name, "DMA.GET");
+  return dma::kv::resp::iequals(name, "DMA.SET") || dma::kv::resp::iequals(name, "DMA.GET");
 }
 
 asio::awaitable<void> Connection::run() {
@@ -408,8 +401,8 @@ asio::awaitable<void> Connection::run() {
   std::vector<std::string_view> arguments;
   const std::size_t input_limit = server_.limits_.max_request + 128 * 1024;
   for (;;) {
-    const auto parsed = kv::resp::parse_request(input_.pending(), server_.limits_, arguments);
-    if (parsed.status == kv::resp::Status::complete) {
+    const auto parsed = dma::kv::resp::parse_request(input_.pending(), server_.limits_, arguments);
+    if (parsed.status == dma::kv::resp::Status::complete) {
       input_.consume(parsed.consumed);
       if (arguments.empty()) continue;
       ++server_.counters_.commands;
@@ -422,9 +415,9 @@ asio::awaitable<void> Connection::run() {
       continue;
     }
     if (!co_await flush()) break;
-    if (parsed.status == kv::resp::Status::error) {
+    if (parsed.status == dma::kv::resp::Status::error) {
       ++server_.counters_.protocol_errors;
-      error("ERR " + parsed.error);
+      error(errors::protocol(parsed.error));
       co_await flush();
       break;
     }
@@ -432,10 +425,9 @@ asio::awaitable<void> Connection::run() {
       ++server_.counters_.protocol_errors;
       if (input_.free_space().size() == 0 && input_.pending().size() < input_limit) {
         ++server_.counters_.closed_input_budget;
-        error("ERR Protocol error: the server's client buffers are full (" +
-              std::to_string(server_.client_buffers_.limit()) + " bytes, --max-client-buffers)");
+        error(errors::client_buffers_full(server_.client_buffers_.limit(), "--max-client-buffers"));
       } else {
-        error("ERR Protocol error: request too large");
+        error(errors::request_too_large());
       }
       co_await flush();
       break;
@@ -462,21 +454,21 @@ asio::awaitable<void> Connection::run() {
 // Runs one command, appending its reply to out_ (and payloads_); false when the connection should
 // close.
 asio::awaitable<bool> Connection::execute(std::span<const std::string_view> arguments) {
-  using kv::resp::iequals;
+  using dma::kv::resp::iequals;
   const auto name = arguments[0];
   const auto arity = arguments.size();
   auto& store = server_.store_;
   if (iequals(name, "PING")) {
     if (arity == 1) {
-      kv::resp::append_simple(out_, "PONG");
+      dma::kv::resp::append_simple(out_, "PONG");
     } else if (arity == 2) {
-      kv::resp::append_bulk(out_, arguments[1]);
+      dma::kv::resp::append_bulk(out_, arguments[1]);
     } else {
       wrong_arity(name);
     }
   } else if (iequals(name, "SET")) {
     if (arity != 3) {
-      arity > 3 ? error("ERR syntax error (SET takes no options here)") : wrong_arity(name);
+      arity > 3 ? error(errors::set_options()) : wrong_arity(name);
     } else {
       co_await set_inline(arguments[1], arguments[2]);
     }
@@ -489,40 +481,38 @@ asio::awaitable<bool> Connection::execute(std::span<const std::string_view> argu
       std::int64_t removed = 0;
       for (std::size_t i = 1; i < arity; ++i)
         removed += store.erase(arguments[i]) ? 1 : 0;
-      kv::resp::append_integer(out_, removed);
+      dma::kv::resp::append_integer(out_, removed);
     }
   } else if (iequals(name, "DBSIZE")) {
-    arity == 1 ? kv::resp::append_integer(out_, static_cast<std::int64_t>(store.keys())) : wrong_arity(name);
+    arity == 1 ? dma::kv::resp::append_integer(out_, static_cast<std::int64_t>(store.keys())) : wrong_arity(name);
   } else if (iequals(name, "FLUSHALL") || iequals(name, "FLUSHDB")) {
     store.clear();
-    kv::resp::append_simple(out_, "OK");
+    dma::kv::resp::append_simple(out_, "OK");
   } else if (iequals(name, "INFO") || iequals(name, "DMA.INFO")) {
-    kv::resp::append_bulk(out_, server_.info());
+    dma::kv::resp::append_bulk(out_, server_.info());
   } else if (iequals(name, "COMMAND")) {
-    kv::resp::append_array_header(out_, 0);  // redis-cli asks for command docs; it has no hints from us
+    dma::kv::resp::append_array_header(out_, 0);  // redis-cli asks for command docs; it has no hints from us
   } else if (iequals(name, "QUIT")) {
-    kv::resp::append_simple(out_, "OK");
+    dma::kv::resp::append_simple(out_, "OK");
     co_return false;
   } else if (iequals(name, "DMA.HELLO")) {
-    arity == 2 ? co_await hello(arguments[1]) : wrong_arity(name);
-  } else if (is_transfer(name)) {
+    co_await hello(arguments);
+  } else if (iequals(name, "DMA.SET") || iequals(name, "DMA.GET")) {
     const bool set = iequals(name, "DMA.SET");
-    kv::TransferOptions extra;
-    if (arity < 5 || arity > 8) {
-      wrong_arity(name);
-    } else if (auto why = kv::parse_transfer_options(arguments.subspan(5), extra); !why.empty()) {
-      error(why);
-    } else if (auto client = client_of(extra.client); !client) {
+    const auto request =
+        set ? dma::kv::parse_set(arguments, server_.options_.max_value) : dma::kv::parse_get(arguments);
+    if (!request.error.empty()) {
+      error(request.error);
+    } else if (auto client = client_of(request.client); !client) {
       ++server_.counters_.no_hello;
-      error(kv::no_hello_error(extra.client));
+      error(errors::no_hello(request.client));
     } else if (set) {
-      co_await dma_set(arguments, *client, extra.positional);
+      co_await dma_set(request, *client);
     } else {
-      co_await dma_get(arguments, *client, extra.positional);
+      co_await dma_get(request, *client);
     }
   } else {
-    std::string text = "ERR unknown command '" + std::string(name.substr(0, 64)) + "'";
-    error(text);
+    error(errors::unknown_command(name));
   }
   co_return true;
 }
@@ -540,8 +530,7 @@ kv::Region unregistered_region(kv::Buffer buffer) {
 asio::awaitable<void> Connection::set_inline(std::string_view key, std::string_view value) {
   auto& store = server_.store_;
   if (value.size() > server_.options_.max_value) {
-    co_return error("ERR value of " + std::to_string(value.size()) + " bytes exceeds the limit of " +
-                    std::to_string(server_.options_.max_value));
+    co_return error(errors::value_too_large(value.size(), server_.options_.max_value));
   }
   kv::Value stored;
   stored.length = value.size();
@@ -552,7 +541,7 @@ asio::awaitable<void> Connection::set_inline(std::string_view key, std::string_v
     kv::Region region;
     if (server_.info_.requires_local_mr) {
       auto [ec, registered] = co_await server_.service_.register_region(std::move(*buffer), tuple_awaitable);
-      if (ec) co_return error("ERR registering " + std::to_string(value.size()) + " bytes: " + ec.message());
+      if (ec) co_return error(errors::registration_failed(value.size(), ec.message()));
       region = std::move(registered);
     } else {
       region = unregistered_region(std::move(*buffer));
@@ -561,40 +550,38 @@ asio::awaitable<void> Connection::set_inline(std::string_view key, std::string_v
     stored.region = std::move(region);
   }
   store.put(key, std::move(stored));
-  kv::resp::append_simple(out_, "OK");
+  dma::kv::resp::append_simple(out_, "OK");
 }
 
 void Connection::get_inline(std::string_view key) {
   auto value = server_.store_.get(key);
-  if (!value) return kv::resp::append_nil(out_);
-  out_ += kv::resp::bulk_header(value->length);
+  if (!value) return dma::kv::resp::append_nil(out_);
+  out_ += dma::kv::resp::bulk_header(value->length);
   if (value->length > 0) payloads_.push_back(Payload{out_.size(), std::move(*value)});
   out_ += "\r\n";
 }
 // The client a data command is for: the binding its `CLIENT <token>` names, or this connection's.
-std::optional<kv::Binding> Connection::client_of(std::optional<std::string_view> named) {
+std::optional<dma::kv::Binding> Connection::client_of(std::optional<std::string_view> named) {
   if (named) return server_.bindings_.find(*named, hello_ ? hello_->id : 0);
   if (hello_) server_.bindings_.touch(hello_->id);
   return hello_;
 }
 
-asio::awaitable<void> Connection::hello(std::string_view address_hex) {
+asio::awaitable<void> Connection::hello(std::span<const std::string_view> arguments) {
   auto& counters = server_.counters_;
-  if (hello_) {
-    error("ERR DMA.HELLO was already sent on this connection");
-    co_return;
+  auto request = dma::kv::parse_hello(arguments, server_.info_.addr_format);
+  if (!request.error.empty()) {
+    if (arguments.size() == 2) ++counters.hellos_rejected;
+    co_return error(request.error);
   }
+  if (hello_) co_return error(errors::hello_repeated());
   auto reject = [&](const std::string& why) {
     ++counters.hellos_rejected;
-    error("ERR invalid fabric address: " + why);
+    error(errors::invalid_fabric_address(why));
   };
-  if (address_hex.size() > 2 * dma::PeerAddress::capacity) co_return reject("longer than any supported format");
-  std::error_code ec;
-  const auto address = dma::decode_hex(address_hex, ec);
-  if (ec) co_return reject("not hex");
-  if (ec = dma::validate_address(address, server_.info_.addr_format); ec) co_return reject(ec.message());
   if (!server_.options_.allow_any_fabric_host) {
-    if (auto why = kv::check_same_host(address, server_.info_.addr_format, peer_); !why.empty()) {
+    if (auto why = dma::kv::check_same_host(request.address, server_.info_.addr_format, peer_.to_string());
+        !why.empty()) {
       co_return reject(why);
     }
   }
@@ -602,20 +589,19 @@ asio::awaitable<void> Connection::hello(std::string_view address_hex) {
   for (const std::uint64_t gone : server_.bindings_.sweep())
     server_.service_.remove_peer(gone);
   std::vector<std::uint64_t> dropped;
-  std::optional<kv::Binding> binding;
+  std::optional<dma::kv::Binding> binding;
   try {
-    binding = server_.bindings_.bind(id, address, dropped);
+    binding = server_.bindings_.bind(id, request.address, dropped);
   } catch (const std::system_error& e) {
-    co_return error(std::string("ERR ") + e.what());
+    co_return error(errors::no_random(e.what()));
   }
   for (const std::uint64_t gone : dropped)
     server_.service_.remove_peer(gone);
   if (!binding) {
     ++counters.hellos_rejected;
-    co_return error("ERR too many DMA.HELLO bindings (--max-hello-bindings " +
-                    std::to_string(server_.options_.max_hello_bindings) + "), each held by an open connection");
+    co_return error(errors::too_many_bindings("--max-hello-bindings", server_.options_.max_hello_bindings));
   }
-  auto [inserted] = co_await server_.service_.add_peer(id, address, tuple_awaitable);
+  auto [inserted] = co_await server_.service_.add_peer(id, request.address, tuple_awaitable);
   if (inserted) {
     server_.bindings_.release(id);  // never named: it goes
     co_return reject("inserting it: " + inserted.message());
@@ -623,63 +609,17 @@ asio::awaitable<void> Connection::hello(std::string_view address_hex) {
   hello_ = binding;
   ++counters.hellos;
   ++counters.dma_clients;
-  kv::resp::append_array_header(out_, 5);
-  kv::resp::append_bulk(out_, dma::encode_hex(server_.service_.local_address()));
-  kv::resp::append_integer(out_, static_cast<std::int64_t>(id));
-  kv::resp::append_integer(out_, static_cast<std::int64_t>(server_.options_.max_value));
-  kv::resp::append_bulk(out_, kv::to_string(server_.confirmation_));
-  kv::resp::append_bulk(out_, binding->token);
+  dma::kv::append_hello_reply(out_, {dma::encode_hex(server_.service_.local_address()), id, server_.options_.max_value,
+                                     server_.confirmation_, binding->token});
 }
 
-// `<rkey> <remote-addr> <length>` of DMA.SET, and DMA.GET's `<rkey> <remote-addr> <capacity>`.
-struct Window {
-  std::uint64_t rkey = 0;
-  std::uint64_t address = 0;
-  std::uint64_t length = 0;
-};
-
-// An unsigned decimal: digits only (dma::parse_u64 also takes a leading '+', as Rust does).
-std::optional<std::uint64_t> parse_number(std::string_view text) {
-  if (text.empty() || !std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; }))
-    return std::nullopt;
-  return dma::parse_u64(text);
-}
-
-// Fills window, or returns the error to reply.
-std::string parse_window(std::span<const std::string_view> fields, const char* length_name, Window& window) {
-  const auto rkey = parse_number(fields[0]);
-  if (!rkey) return "ERR invalid rkey '" + std::string(fields[0].substr(0, 32)) + "'";
-  const auto address = parse_number(fields[1]);
-  if (!address) return "ERR invalid remote address '" + std::string(fields[1].substr(0, 32)) + "'";
-  const auto length = parse_number(fields[2]);
-  if (!length) return "ERR invalid " + std::string(length_name) + " '" + std::string(fields[2].substr(0, 32)) + "'";
-  if (*length > UINT64_MAX - *address) return "ERR the remote range overflows";
-  window = Window{*rkey, *address, *length};
-  return {};
-}
-
-asio::awaitable<void> Connection::dma_set(std::span<const std::string_view> arguments, kv::Binding client,
-                                          std::optional<std::string_view> crc_text) {
+asio::awaitable<void> Connection::dma_set(const dma::kv::TransferRequest& request, dma::kv::Binding client) {
   auto& store = server_.store_;
   auto& counters = server_.counters_;
-  const auto key = arguments[1];
-  Window window;
-  if (auto why = parse_window(arguments.subspan(2, 3), "length", window); !why.empty()) co_return error(why);
-  std::optional<std::uint32_t> expected;
-  if (crc_text) {
-    const auto crc = parse_number(*crc_text);
-    if (!crc || *crc > UINT32_MAX) co_return error("ERR invalid crc32c '" + std::string(crc_text->substr(0, 32)) + "'");
-    expected = static_cast<std::uint32_t>(*crc);
-  }
-  const std::size_t length = window.length;
-  if (window.length > server_.options_.max_value) {
-    co_return error("ERR value of " + std::to_string(window.length) + " bytes exceeds the limit of " +
-                    std::to_string(server_.options_.max_value));
-  }
+  const std::size_t length = request.window.length;
   if (length == 0) {
-    if (expected && *expected != 0) co_return error("ERR CRC mismatch: an empty value has crc32c 0");
-    store.put(key, kv::Value{});
-    co_return kv::resp::append_simple(out_, "OK");
+    store.put(request.key, kv::Value{});
+    co_return dma::kv::resp::append_simple(out_, "OK");
   }
   // Zeroed storage: a transfer that moves fewer bytes than asked while reporting success (libfabric
   // 1.17's tcp does, for a short read response) leaves zeros, never a former value's bytes.
@@ -688,77 +628,62 @@ asio::awaitable<void> Connection::dma_set(std::span<const std::string_view> argu
   kv::Region region;
   if (server_.info_.requires_local_mr) {
     auto [ec, registered] = co_await server_.service_.register_region(std::move(*buffer), tuple_awaitable);
-    if (ec) co_return error("ERR registering " + std::to_string(length) + " bytes: " + ec.message());
+    if (ec) co_return error(errors::registration_failed(length, ec.message()));
     region = std::move(registered);
   } else {
     region = unregistered_region(std::move(*buffer));
   }
-  dma::TransferRequest<Slot> request;
-  request.client_id = client.id;
-  request.peer_address = client.address;
-  request.remote_key = window.rkey;
-  request.remote_address = window.address;
-  request.direction = dma::Direction::FromPeer;
-  request.length = length;
-  request.want_checksum = true;
-  request.caller_context = Slot{std::move(region), length};
+  dma::TransferRequest<Slot> transfer;
+  transfer.client_id = client.id;
+  transfer.peer_address = client.address;
+  transfer.remote_key = request.window.rkey;
+  transfer.remote_address = request.window.address;
+  transfer.direction = dma::Direction::FromPeer;
+  transfer.length = length;
+  transfer.want_checksum = true;
+  transfer.caller_context = Slot{std::move(region), length};
   std::optional<InFlight> in_flight(std::in_place, counters.sets_in_flight);
-  auto [ec, done] = co_await server_.service_.submit(std::move(request), dma::compat::as_tuple(asio::use_awaitable));
+  // The key outlives the transfer: it views this command's arguments in the input buffer, which
+  // holds them until the command's reply is built.
+  auto [ec, done] = co_await server_.service_.submit(std::move(transfer), dma::compat::as_tuple(asio::use_awaitable));
   auto& [slot, outcome] = done;
   in_flight.reset();
-  if (!account(outcome)) co_return error("ERR transfer failed: " + outcome.message());
+  if (!account(outcome)) co_return error(errors::transfer_failed(outcome.message()));
   counters.bytes_read += length;
   const std::uint32_t crc = outcome->checksum.value_or(0);
-  if (expected && *expected != crc) {
+  if (request.crc && *request.crc != crc) {
     ++counters.crc_mismatches;
-    // The reply names only what the client sent: a digest of what arrived says nothing the client
-    // needs and, were the storage ever not the client's bytes, would leak server memory.
-    co_return error("ERR CRC mismatch: the bytes read do not have the client's crc32c " + std::to_string(*expected) +
-                    "; the store is unchanged");
+    co_return error(errors::crc_mismatch(*request.crc));
   }
-  store.put(key, kv::Value{std::move(slot.region), length, crc});
-  kv::resp::append_simple(out_, "OK");
+  store.put(request.key, kv::Value{std::move(slot.region), length, crc});
+  dma::kv::resp::append_simple(out_, "OK");
 }
 
-asio::awaitable<void> Connection::dma_get(std::span<const std::string_view> arguments, kv::Binding client,
-                                          std::optional<std::string_view> token_text) {
+asio::awaitable<void> Connection::dma_get(const dma::kv::TransferRequest& request, dma::kv::Binding client) {
   auto& counters = server_.counters_;
-  Window window;
-  if (auto why = parse_window(arguments.subspan(2, 3), "capacity", window); !why.empty()) co_return error(why);
-  std::optional<std::uint64_t> token;
-  if (token_text) {
-    token = parse_number(*token_text);
-    if (!token || *token > kv::max_token) {
-      co_return error("ERR invalid token '" + std::string(token_text->substr(0, 32)) +
-                      "': a notification token is a number below 2^32");
-    }
-  }
-  auto value = server_.store_.get(arguments[1]);
-  if (!value) co_return error("ERR no such key");
-  if (value->length > window.length) {
-    co_return error("ERR the value is " + std::to_string(value->length) + " bytes, the client's buffer holds " +
-                    std::to_string(window.length));
+  auto value = server_.store_.get(request.key);
+  if (!value) co_return error(errors::no_such_key());
+  if (value->length > request.window.length) {
+    co_return error(errors::buffer_too_small(value->length, request.window.length));
   }
   if (value->length > 0) {
-    dma::TransferRequest<Slot> request;
-    request.client_id = client.id;
-    request.peer_address = client.address;
-    request.remote_key = window.rkey;
-    request.remote_address = window.address;
-    request.direction = dma::Direction::ToPeer;
-    request.immediate_data = token;  // the client's Target hears it once the bytes have landed
-    request.caller_context = Slot{value->region, value->length};
+    dma::TransferRequest<Slot> transfer;
+    transfer.client_id = client.id;
+    transfer.peer_address = client.address;
+    transfer.remote_key = request.window.rkey;
+    transfer.remote_address = request.window.address;
+    transfer.direction = dma::Direction::ToPeer;
+    transfer.immediate_data = request.token;  // the client's Target hears it once the bytes have landed
+    transfer.caller_context = Slot{value->region, value->length};
     std::optional<InFlight> in_flight(std::in_place, counters.gets_in_flight);
-    auto [ec, done] = co_await server_.service_.submit(std::move(request), dma::compat::as_tuple(asio::use_awaitable));
+    auto [ec, done] = co_await server_.service_.submit(std::move(transfer), dma::compat::as_tuple(asio::use_awaitable));
     in_flight.reset();
     const auto& outcome = done.outcome;
-    if (!account(outcome)) co_return error("ERR transfer failed: " + outcome.message());
+    if (!account(outcome)) co_return error(errors::transfer_failed(outcome.message()));
     counters.bytes_written += value->length;
-    if (token) ++counters.gets_notified;
+    if (request.token) ++counters.gets_notified;
   }
-  kv::resp::append_array_header(out_, 2);
-  kv::resp::append_integer(out_, static_cast<std::int64_t>(value->length));
-  kv::resp::append_integer(out_, value->crc);
+  dma::kv::append_get_reply(out_, value->length, value->crc);
 }
 
 asio::awaitable<void> Server::accept() {
@@ -788,16 +713,17 @@ asio::awaitable<void> Server::accept() {
 // discard the error line before the client reads it.
 asio::awaitable<void> Server::refuse(tcp::socket socket) {
   constexpr unsigned max_draining = 64;
+  std::string refusal;
+  dma::kv::resp::append_error(refusal, errors::max_clients());
   std::error_code ignored;
   if (refusing_.fetch_add(1) >= max_draining) {  // a flood of refusals: close at once
-    asio::write(socket, asio::buffer(std::string_view("-ERR max number of clients reached\r\n")), ignored);
+    asio::write(socket, asio::buffer(refusal), ignored);
     socket.close(ignored);
     --refusing_;
     co_return;
   }
   auto shared = std::make_shared<tcp::socket>(std::move(socket));
-  co_await asio::async_write(*shared, asio::buffer(std::string_view("-ERR max number of clients reached\r\n")),
-                             tuple_awaitable);
+  co_await asio::async_write(*shared, asio::buffer(refusal), tuple_awaitable);
   shared->shutdown(tcp::socket::shutdown_send, ignored);
   asio::steady_timer timer(shared->get_executor());
   timer.expires_after(1s);
@@ -871,91 +797,80 @@ asio::awaitable<void> Server::stop() {
 }
 
 std::string Server::info() const {
-  const auto m = service_.metrics();
   const auto uptime = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() - started_);
   std::size_t connected = 0;
   {
     std::lock_guard lock(connections_mutex_);
     connected = connections_.size();
   }
-  std::string s;
-  auto line = [&](std::string_view field, auto value) {
-    s += field;
-    s += ':';
-    if constexpr (std::is_convertible_v<decltype(value), std::string_view>) {
-      s += std::string_view(value);
-    } else {
-      s += std::to_string(value);
+  const std::string address = dma::encode_hex(service_.local_address());
+  dma::kv::InfoFields fields;
+  fields.server = "dma-kv-server";
+  fields.provider = info_.provider;
+  fields.fabric_address = address;
+  fields.any_fabric_host = options_.allow_any_fabric_host;
+  fields.max_value = options_.max_value;
+  fields.confirmation = confirmation_;
+  fields.dma_clients = counters_.dma_clients.load();
+  fields.hellos = counters_.hellos.load();
+  fields.hellos_rejected = counters_.hellos_rejected.load();
+  fields.hello_bindings = bindings_.size();
+  fields.hello_bindings_dropped = bindings_.dropped();
+  fields.no_hello = counters_.no_hello.load();
+  fields.outstanding = service_.outstanding();
+  fields.sets_in_flight = counters_.sets_in_flight.load();
+  fields.gets_in_flight = counters_.gets_in_flight.load();
+  fields.transfers_ok = counters_.transfers_ok.load();
+  fields.transfers_failed = counters_.transfers_failed.load();
+  fields.transfers_timed_out = counters_.transfers_timed_out.load();
+  fields.crc_mismatches = counters_.crc_mismatches.load();
+  fields.bytes_read = counters_.bytes_read.load();
+  fields.bytes_written = counters_.bytes_written.load();
+  fields.gets_notified = counters_.gets_notified.load();
+  fields.service = service_.metrics();
+  using Section = dma::kv::InfoSection;
+  return dma::kv::info_text(fields, [&](Section section, dma::kv::InfoText& t) {
+    switch (section) {
+      case Section::server:
+        t.field("tcp_port", acceptor_.is_open() ? acceptor_.local_endpoint().port() : 0);
+        t.field("threads", options_.threads);
+        t.field("uptime_in_seconds", static_cast<std::uint64_t>(uptime.count()));
+        break;
+      case Section::clients:
+        t.field("connected_clients", connected);
+        t.field("total_connections_received", counters_.connections_total.load());
+        t.field("rejected_connections", counters_.connections_rejected.load());
+        t.field("max_clients", options_.max_clients);
+        break;
+      case Section::keyspace:
+        t.field("keys", store_.keys());
+        t.field("bytes_stored", store_.bytes());
+        break;
+      case Section::memory:
+        t.field("value_memory", values_->used());
+        t.field("max_memory", values_->limit());
+        t.field("oom_replies", counters_.oom_replies.load());
+        t.field("client_input_buffers", input_bytes_.load());
+        t.field("client_output_buffers", output_bytes_.load());
+        t.field("client_buffers", client_buffers_.used());
+        t.field("max_client_buffers", client_buffers_.limit());
+        t.field("client_output_limit", options_.client_output_limit);
+        t.field("client_output_seconds", options_.client_output_seconds);
+        t.field("idle_timeout", options_.idle_timeout);
+        t.field("clients_closed_idle", counters_.closed_idle.load());
+        t.field("clients_closed_output", counters_.closed_output.load());
+        t.field("clients_closed_input", counters_.closed_input_budget.load());
+        break;
+      case Section::commands:
+        t.field("commands_processed", counters_.commands.load());
+        t.field("error_replies", counters_.error_replies.load());
+        t.field("protocol_errors", counters_.protocol_errors.load());
+        break;
+      case Section::transfers:
+      case Section::service:
+        break;
     }
-    s += "\r\n";
-  };
-  s += "# Server\r\n";
-  line("server", "dma-kv-server");
-  line("libfabric_version", dma::fabric_version());
-  line("provider", info_.provider);
-  line("fabric_address", dma::encode_hex(service_.local_address()));
-  line("tcp_port", acceptor_.is_open() ? acceptor_.local_endpoint().port() : 0);
-  line("threads", options_.threads);
-  line("uptime_in_seconds", uptime.count());
-  line("any_fabric_host", options_.allow_any_fabric_host ? "yes" : "no");
-  line("get_confirmation", kv::to_string(confirmation_));
-  s += "\r\n# Clients\r\n";
-  line("connected_clients", connected);
-  line("dma_clients", counters_.dma_clients.load());
-  line("total_connections_received", counters_.connections_total.load());
-  line("rejected_connections", counters_.connections_rejected.load());
-  line("max_clients", options_.max_clients);
-  s += "\r\n# Keyspace\r\n";
-  line("keys", store_.keys());
-  line("bytes_stored", store_.bytes());
-  line("max_value", options_.max_value);
-  s += "\r\n# Memory\r\n";
-  line("value_memory", values_->used());
-  line("max_memory", values_->limit());
-  line("oom_replies", counters_.oom_replies.load());
-  line("client_input_buffers", input_bytes_.load());
-  line("client_output_buffers", output_bytes_.load());
-  line("client_buffers", client_buffers_.used());
-  line("max_client_buffers", client_buffers_.limit());
-  line("client_output_limit", options_.client_output_limit);
-  line("client_output_seconds", options_.client_output_seconds);
-  line("idle_timeout", options_.idle_timeout);
-  line("clients_closed_idle", counters_.closed_idle.load());
-  line("clients_closed_output", counters_.closed_output.load());
-  line("clients_closed_input", counters_.closed_input_budget.load());
-  s += "\r\n# Commands\r\n";
-  line("commands_processed", counters_.commands.load());
-  line("error_replies", counters_.error_replies.load());
-  line("protocol_errors", counters_.protocol_errors.load());
-  line("hellos", counters_.hellos.load());
-  line("hellos_rejected", counters_.hellos_rejected.load());
-  line("hello_bindings", bindings_.size());
-  line("hello_bindings_dropped", bindings_.dropped());
-  line("no_hello", counters_.no_hello.load());
-  s += "\r\n# Transfers\r\n";
-  line("outstanding", service_.outstanding());
-  line("dma_sets_in_flight", counters_.sets_in_flight.load());
-  line("dma_gets_in_flight", counters_.gets_in_flight.load());
-  line("transfers_ok", counters_.transfers_ok.load());
-  line("transfers_failed", counters_.transfers_failed.load());
-  line("transfers_timed_out", counters_.transfers_timed_out.load());
-  line("crc_mismatches", counters_.crc_mismatches.load());
-  line("bytes_read_from_clients", counters_.bytes_read.load());
-  line("bytes_written_to_clients", counters_.bytes_written.load());
-  line("gets_notified", counters_.gets_notified.load());
-  s += "\r\n# Service\r\n";
-  line("posted", m.posted);
-  line("completed", m.completed);
-  line("failed", m.failed);
-  line("eagain", m.eagain);
-  line("cq_reads", m.cq_reads);
-  line("fd_wakeups", m.fd_wakeups);
-  line("backstop_hits", m.backstop_hits);
-  line("context_less_errors", m.context_less_errors);
-  line("registrations", m.registrations);
-  line("cache_entries", m.cache_entries);
-  line("cache_bytes", m.cache_bytes);
-  return s;
+  });
 }
 
 }  // namespace
@@ -1010,7 +925,7 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"auto", "reply", "notification"}))
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
-  kv::parse_confirmation_setting(confirm_gets, options.confirm_gets);
+  dma::kv::parse_confirmation_setting(confirm_gets, options.confirm_gets);
 
   dma::Configuration configuration;
   if (!options.config.empty()) {

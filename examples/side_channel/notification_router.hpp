@@ -3,10 +3,9 @@
 // process shares the one Target, so each DMA.GET carries a token that no other pending one holds.
 #pragma once
 
-#include "confirmation.hpp"
-
 #include <dma/config.hpp>
 #include <dma/error.hpp>
+#include <dma/kv/protocol.hpp>
 #include <dma/target.hpp>
 
 #include <asio/awaitable.hpp>
@@ -105,8 +104,9 @@ class NotificationRouter {
       return;
     }
     if (ec) return;  // the Target is going away: waiters time out or end with their io_context
-    const auto it =
-        notification.data <= max_token ? pending_.find(static_cast<std::uint32_t>(notification.data)) : pending_.end();
+    const auto it = notification.data <= dma::kv::max_token
+                        ? pending_.find(static_cast<std::uint32_t>(notification.data))
+                        : pending_.end();
     if (it == pending_.end()) {
       ++strays_;
       return;

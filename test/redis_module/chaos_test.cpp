@@ -240,7 +240,7 @@ TEST_CASE("a neighbour naming another client's fabric address fails alone and re
     require_error(neighbour.command(hostile), "transfer failed");
     std::memset(owner.memory().data(), 0, 4096);
     const auto got = own.command(owner.window("DMA.GET", key, 4096));
-    REQUIRE(got.type == kv::resp::Reply::Type::array);
+    REQUIRE(got.type == dma::kv::resp::Reply::Type::array);
     CHECK(std::memcmp(owner.memory().data(), bytes.data(), 4096) == 0);
   }
   CHECK(own.command({"EXISTS", "stolen"}).integer == 0);

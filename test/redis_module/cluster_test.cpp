@@ -169,7 +169,7 @@ TEST_CASE("DMA.SET and DMA.GET go by their key; WAIT puts the value on the repli
   hello(reader, into);
   const auto got = reader.command(into.window("DMA.GET", key, size));
   INFO("DMA.GET on the replica replied " << got.text);
-  REQUIRE(got.type == kv::resp::Reply::Type::array);
+  REQUIRE(got.type == dma::kv::resp::Reply::Type::array);
   CHECK(got.elements[0].integer == static_cast<long long>(size));
   CHECK(std::memcmp(into.memory().data(), value.data(), size) == 0);
 }

@@ -199,17 +199,17 @@ class Peer {
 inline std::string encode(const std::vector<std::string>& arguments) {
   std::vector<std::string_view> views(arguments.begin(), arguments.end());
   std::string out;
-  kv::resp::encode_command(out, views);
+  dma::kv::resp::encode_command(out, views);
   return out;
 }
 
-inline void require_ok(const kv::resp::Reply& reply) {
+inline void require_ok(const dma::kv::resp::Reply& reply) {
   INFO("reply: " << reply.text);
-  REQUIRE(reply.type == kv::resp::Reply::Type::simple);
+  REQUIRE(reply.type == dma::kv::resp::Reply::Type::simple);
   REQUIRE(reply.text == "OK");
 }
 
-inline void require_error(const kv::resp::Reply& reply, std::string_view contains) {
+inline void require_error(const dma::kv::resp::Reply& reply, std::string_view contains) {
   INFO("reply: " << reply.text);
   REQUIRE(reply.is_error());
   CHECK(reply.text.find(contains) != std::string_view::npos);
@@ -218,7 +218,7 @@ inline void require_error(const kv::resp::Reply& reply, std::string_view contain
 inline void hello(Resp& resp, const Peer& peer) {
   const auto reply = resp.command({"DMA.HELLO", peer.address_hex()});
   INFO("DMA.HELLO replied " << reply.text);
-  REQUIRE(reply.type == kv::resp::Reply::Type::array);
+  REQUIRE(reply.type == dma::kv::resp::Reply::Type::array);
 }
 
 // redis-server 7.0 stores the very string the module sets, so the module can hold it and write a

@@ -18,7 +18,7 @@ TEST_CASE("values of 1 B to 4 MiB stored by DMA.SET read back byte-exact by DMA.
     const auto out = run_client(server, {"get", key});
     CHECK(out.find("the bytes are the pattern") != std::string::npos);
     const auto reply = resp.command({"GET", key});
-    REQUIRE(reply.type == kv::resp::Reply::Type::bulk);
+    REQUIRE(reply.type == dma::kv::resp::Reply::Type::bulk);
     CHECK(reply.text == pattern_text(key, size));
   }
   CHECK(info_value(resp, "transfers_failed") == 0);
@@ -72,7 +72,7 @@ TEST_CASE("APPEND, SETRANGE and DEL during an in-flight DMA.GET leave the client
 
   peer.resume();
   const auto reply = getter.reply();
-  REQUIRE(reply.type == kv::resp::Reply::Type::array);
+  REQUIRE(reply.type == dma::kv::resp::Reply::Type::array);
   REQUIRE(reply.elements.size() == 2);
   CHECK(reply.elements[0].integer == 1 << 20);
   const auto landed = peer.memory().first(1 << 20);
@@ -89,7 +89,7 @@ TEST_CASE("a held value goes when its key changes, is emptied, or the server may
   std::memcpy(peer.memory().data(), pattern_text("h", size).data(), size);
   auto check_get = [&](Resp& resp, const std::string& key) {
     const auto reply = resp.command(peer.window("DMA.GET", key, size));
-    REQUIRE(reply.type == kv::resp::Reply::Type::array);
+    REQUIRE(reply.type == dma::kv::resp::Reply::Type::array);
     CHECK(reply.elements[0].integer == static_cast<long long>(size));
     CHECK(static_cast<std::uint32_t>(reply.elements[1].integer) == dma::checksum(peer.memory().first(size)));
   };
@@ -178,7 +178,7 @@ TEST_CASE("DMA.HELLO binds one fabric address of the client's own host per conne
   require_error(resp.command({"DMA.HELLO", "zz"}), "not hex");
   const auto id = resp.command({"CLIENT", "ID"}).integer;
   const auto reply = resp.command({"DMA.HELLO", peer.address_hex()});
-  REQUIRE(reply.type == kv::resp::Reply::Type::array);
+  REQUIRE(reply.type == dma::kv::resp::Reply::Type::array);
   REQUIRE(reply.elements.size() == 5);
   CHECK(reply.elements[1].integer == id);
   CHECK(reply.elements[2].integer == 16 << 20);
@@ -201,7 +201,7 @@ std::vector<std::string> naming(std::vector<std::string> arguments, const std::s
 std::string hello_token(Resp& resp, const Peer& peer) {
   const auto reply = resp.command({"DMA.HELLO", peer.address_hex()});
   INFO("DMA.HELLO replied " << reply.text);
-  REQUIRE(reply.type == kv::resp::Reply::Type::array);
+  REQUIRE(reply.type == dma::kv::resp::Reply::Type::array);
   REQUIRE(reply.elements.size() == 5);
   return std::string(reply.elements[4].text);
 }
@@ -227,7 +227,7 @@ TEST_CASE("a client's other connections name it with CLIENT <token>; a client th
   require_ok(second.command(naming(peer.window("DMA.SET", "pooled", size), token)));
   std::memset(peer.memory().data(), 0, size);
   const auto got = second.command(naming(peer.window("DMA.GET", "pooled", size), token));
-  REQUIRE(got.type == kv::resp::Reply::Type::array);
+  REQUIRE(got.type == dma::kv::resp::Reply::Type::array);
   CHECK(std::memcmp(peer.memory().data(), value.data(), size) == 0);
   // The connection that sent the HELLO still works without naming anything.
   require_ok(first.command(peer.window("DMA.SET", "pooled", size)));
@@ -288,11 +288,11 @@ TEST_CASE("DMA.SET writes its key and DMA.GET only reads it, for COMMAND GETKEYS
   ModuleServer server;
   Resp admin(server.port());
   const auto keys = admin.command({"COMMAND", "GETKEYS", "DMA.SET", "k", "1", "2", "3"});
-  REQUIRE(keys.type == kv::resp::Reply::Type::array);
+  REQUIRE(keys.type == dma::kv::resp::Reply::Type::array);
   REQUIRE(keys.elements.size() == 1);
   CHECK(keys.elements[0].text == "k");
   const auto flags = admin.command({"COMMAND", "GETKEYSANDFLAGS", "DMA.GET", "k", "1", "2", "3"});
-  REQUIRE(flags.type == kv::resp::Reply::Type::array);
+  REQUIRE(flags.type == dma::kv::resp::Reply::Type::array);
   REQUIRE(flags.elements.size() == 1);
   REQUIRE(flags.elements[0].elements.size() == 2);
   CHECK(flags.elements[0].elements[1].elements[0].text == "RO");
@@ -304,7 +304,7 @@ TEST_CASE("DMA.SET writes its key and DMA.GET only reads it, for COMMAND GETKEYS
   hello(reader, peer);
   const auto got = reader.command(peer.window("DMA.GET", "k1", 4096));
   INFO("DMA.GET replied " << got.text);
-  REQUIRE(got.type == kv::resp::Reply::Type::array);
+  REQUIRE(got.type == dma::kv::resp::Reply::Type::array);
   CHECK(std::memcmp(peer.memory().data(), pattern_text("k1", 4096).data(), 4096) == 0);
   require_error(reader.command(peer.window("DMA.SET", "k1", 16)), "NOPERM");
   CHECK(admin.command({"GET", "k1"}).text == pattern_text("k1", 4096));
@@ -324,7 +324,7 @@ TEST_CASE("MULTI and Lua refuse DMA.SET and DMA.GET instead of blocking", "[modu
   CHECK(resp.command(peer.window("DMA.GET", "k", 4096)).text == "QUEUED");
   CHECK(resp.command(peer.window("DMA.SET", "k", 16)).text == "QUEUED");
   const auto exec = resp.command({"EXEC"});
-  REQUIRE(exec.type == kv::resp::Reply::Type::array);
+  REQUIRE(exec.type == dma::kv::resp::Reply::Type::array);
   REQUIRE(exec.elements.size() == 2);
   for (const auto& element : exec.elements) {
     INFO("EXEC element: " << element.text);
@@ -366,7 +366,7 @@ TEST_CASE("8 clients with 2 killed in the middle of transfers: the others see no
   require_clean_bench(others);
   // Whatever the killed setter left under its key is one whole value it wrote, never part of one.
   const auto left = probe.command({"GET", "victim-set:0:0"});
-  if (left.type == kv::resp::Reply::Type::bulk) {
+  if (left.type == dma::kv::resp::Reply::Type::bulk) {
     const kv::Pattern pattern(4 << 20);
     REQUIRE(left.text.size() == 4u << 20);
     bool whole = false;
@@ -429,7 +429,7 @@ TEST_CASE("DEBUG RELOAD with a DMA.SET and a DMA.GET in flight: both complete an
   CHECK(admin.command({"EXISTS", "arriving"}).integer == 0);
   peer.resume();
   const auto got = getter.reply();
-  REQUIRE(got.type == kv::resp::Reply::Type::array);
+  REQUIRE(got.type == dma::kv::resp::Reply::Type::array);
   CHECK(std::memcmp(peer.memory().data(), old_value.data(), size) == 0);
   require_ok(setter.reply());
   CHECK(admin.command({"GET", "arriving"}).text == new_value);
@@ -452,7 +452,7 @@ TEST_CASE("MODULE UNLOAD is refused while a transfer is in flight and succeeds a
   CHECK(refused.is_error());
   peer.resume();
   const auto reply = getter.reply();
-  CHECK(reply.type == kv::resp::Reply::Type::array);
+  CHECK(reply.type == dma::kv::resp::Reply::Type::array);
   REQUIRE(wait_for(admin, "dma_gets_in_flight", 0) == 0);
   REQUIRE(wait_for(admin, "outstanding", 0) == 0);  // the completer returns just after it unblocks
   require_ok(admin.command({"MODULE", "UNLOAD", "dma"}));
@@ -492,7 +492,7 @@ TEST_CASE("a long command on the main thread does not hold up the fabric thread"
   peer.resume();                       // the write completes while the main thread sleeps
   CHECK(sleeper.reply().text == "OK");
   const auto reply = getter.reply();
-  REQUIRE(reply.type == kv::resp::Reply::Type::array);
+  REQUIRE(reply.type == dma::kv::resp::Reply::Type::array);
   CHECK(std::memcmp(peer.memory().data(), pattern_text("k", 1 << 20).data(), 1 << 20) == 0);
   // The completion waited for the main thread (it was handed over during the sleep), but the
   // completer that handed it over did not wait for anything.
@@ -588,7 +588,7 @@ TEST_CASE("a DMA.SET reaches the append-only file: DEBUG LOADAOF brings the valu
   require_ok(resp.command({"DEBUG", "LOADAOF"}));
   CHECK(resp.command({"GET", "logged"}).text == value);
   const auto empty = resp.command({"GET", "empty"});
-  CHECK(empty.type == kv::resp::Reply::Type::bulk);
+  CHECK(empty.type == dma::kv::resp::Reply::Type::bulk);
   CHECK(empty.text.empty());
 }
 
@@ -600,7 +600,7 @@ TEST_CASE("at confirm-gets notification dma-kv-client's 8 clients read every byt
   Peer peer(4096);
   Resp resp(server.port());
   const auto hello = resp.command({"DMA.HELLO", peer.address_hex()});
-  REQUIRE(hello.type == kv::resp::Reply::Type::array);
+  REQUIRE(hello.type == dma::kv::resp::Reply::Type::array);
   REQUIRE(hello.elements.size() == 5);
   CHECK(hello.elements[3].text == "notification");
   require_ok(resp.command({"SET", "k", "v"}));
@@ -621,7 +621,7 @@ TEST_CASE("the module takes its configuration from its arguments: keys, or a TOM
     Peer peer(4096);
     Resp resp(server.port());
     const auto reply = resp.command({"DMA.HELLO", peer.address_hex()});
-    REQUIRE(reply.type == kv::resp::Reply::Type::array);
+    REQUIRE(reply.type == dma::kv::resp::Reply::Type::array);
     CHECK(reply.elements[2].integer == 1000);
     require_error(resp.command(peer.window("DMA.SET", "k", 1001)), "exceeds the limit of 1000");
     CHECK(info_field(resp, "provider").rfind("tcp", 0) == 0);

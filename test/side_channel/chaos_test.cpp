@@ -71,7 +71,7 @@ std::string sockaddr_hex(std::uint16_t port) {
   return hex_of(in);
 }
 
-bool is_array(const kv::resp::Reply& reply) { return reply.type == kv::resp::Reply::Type::array; }
+bool is_array(const dma::kv::resp::Reply& reply) { return reply.type == dma::kv::resp::Reply::Type::array; }
 
 // The RSS of a process once it has settled: the lowest of a few readings.
 std::size_t settled_rss_kib(pid_t pid) {
@@ -157,7 +157,7 @@ TEST_CASE("a lying endpoint's short read stores only the client's bytes or zeros
     } else {
       CHECK(checked.text.find("transfer failed") != std::string_view::npos);
     }
-    CHECK(resp.command({"GET", key + "crc"}).type == kv::resp::Reply::Type::nil);
+    CHECK(resp.command({"GET", key + "crc"}).type == dma::kv::resp::Reply::Type::nil);
   }
   liar.keep(-1);
   CHECK(Resp(server.port()).command({"PING"}).text == "PONG");
@@ -258,7 +258,7 @@ TEST_CASE("pipelined commands get every reply, in order", "[side_channel][pipeli
       expected.emplace_back(command[1]);
     }
     std::vector<std::string_view> views(command.begin(), command.end());
-    kv::resp::encode_command(batch, views);
+    dma::kv::resp::encode_command(batch, views);
   }
   resp.send_raw(batch);
   for (std::size_t i = 0; i < expected.size(); ++i) {
@@ -267,7 +267,7 @@ TEST_CASE("pipelined commands get every reply, in order", "[side_channel][pipeli
     if (expected[i]) {
       CHECK(reply.text == *expected[i]);
     } else {
-      CHECK(reply.type == kv::resp::Reply::Type::nil);
+      CHECK(reply.type == dma::kv::resp::Reply::Type::nil);
     }
   }
   CHECK(info_number(server.port(), "commands_processed") >= 1000);

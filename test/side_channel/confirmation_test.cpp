@@ -60,7 +60,7 @@ class SharedTarget {
 std::string hello(Resp& resp, const SharedTarget& target) {
   const auto reply = resp.command({"DMA.HELLO", target.address_hex()});
   INFO("DMA.HELLO replied " << reply.text);
-  REQUIRE(reply.type == kv::resp::Reply::Type::array);
+  REQUIRE(reply.type == dma::kv::resp::Reply::Type::array);
   REQUIRE(reply.elements.size() >= 3);
   return reply.elements.size() >= 4 ? std::string(reply.elements[3].text) : std::string();
 }
@@ -68,7 +68,7 @@ std::string hello(Resp& resp, const SharedTarget& target) {
 std::string encode(const std::vector<std::string>& arguments) {
   std::vector<std::string_view> views(arguments.begin(), arguments.end());
   std::string out;
-  kv::resp::encode_command(out, views);
+  dma::kv::resp::encode_command(out, views);
   return out;
 }
 
@@ -126,7 +126,7 @@ TEST_CASE("a DMA.GET with a token notifies the client's Target with it once the 
   const auto token = target.router().issue();
   const auto reply = connection.resp.command(connection.get("k", 0, token));
   INFO("DMA.GET replied " << reply.text);
-  REQUIRE(reply.type == kv::resp::Reply::Type::array);
+  REQUIRE(reply.type == dma::kv::resp::Reply::Type::array);
   REQUIRE(reply.elements.size() == 2);
   CHECK(reply.elements[0].integer == 1 << 20);
   target.wait_all({token});
@@ -152,12 +152,12 @@ TEST_CASE("a client that sends no token is served as before: the reply alone, no
   const std::string value(4000, 'v');
   REQUIRE(connection.resp.command({"SET", "k", value}).text == "OK");
   const auto reply = connection.resp.command(connection.get("k", 0, std::nullopt));
-  REQUIRE(reply.type == kv::resp::Reply::Type::array);
+  REQUIRE(reply.type == dma::kv::resp::Reply::Type::array);
   CHECK(reply.elements[0].integer == 4000);
   CHECK(text_of(connection.slot(0).first(4000)) == value);  // on tcp the reply does mean landed
   // A token's GET after it: the only notification the Target hears is that one's.
   const auto token = target.router().issue();
-  REQUIRE(connection.resp.command(connection.get("k", 0, token)).type == kv::resp::Reply::Type::array);
+  REQUIRE(connection.resp.command(connection.get("k", 0, token)).type == dma::kv::resp::Reply::Type::array);
   target.wait_all({token});
   CHECK(target.router().strays() == 0);
   CHECK(info_number(server.port(), "gets_notified") == 1);
@@ -204,7 +204,7 @@ TEST_CASE("pipelined DMA.GETs of four connections sharing one Target each land e
     for (std::size_t s = 0; s < slots; ++s) {
       const auto reply = clients[c]->resp.reply();
       INFO("connection " << c << ", slot " << s << ": DMA.GET replied " << reply.text);
-      REQUIRE(reply.type == kv::resp::Reply::Type::array);
+      REQUIRE(reply.type == dma::kv::resp::Reply::Type::array);
       REQUIRE(reply.elements[0].integer == static_cast<std::int64_t>(length_of(c, s)));
       CHECK(static_cast<std::uint32_t>(reply.elements[1].integer) ==
             dma::checksum(pattern.value(seed_of(c, s), length_of(c, s))));

@@ -5,8 +5,7 @@
 #include "../catch.hpp"
 
 #include <dma/dma.hpp>
-
-#include "resp.hpp"
+#include <dma/kv/resp.hpp>
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -194,40 +193,40 @@ class Resp {
     return !ec;
   }
   /// The next reply, or none when the server closes (or resets) the connection first.
-  std::optional<kv::resp::Reply> reply_or_close() {
+  std::optional<dma::kv::resp::Reply> reply_or_close() {
     const auto deadline = std::chrono::steady_clock::now() + 20s;
-    kv::resp::Limits limits;
+    dma::kv::resp::Limits limits;
     while (std::chrono::steady_clock::now() < deadline) {
-      kv::resp::Reply r;
-      if (kv::resp::parse_reply(buffer_, limits, r).status == kv::resp::Status::complete) return reply();
+      dma::kv::resp::Reply r;
+      if (dma::kv::resp::parse_reply(buffer_, limits, r).status == dma::kv::resp::Status::complete) return reply();
       if (!read_some(deadline)) return std::nullopt;
     }
     FAIL("no reply and no close within 20 s");
     return std::nullopt;
   }
   /// Sends a multibulk command and returns its reply (strings copied out).
-  kv::resp::Reply command(std::vector<std::string> arguments) {
+  dma::kv::resp::Reply command(std::vector<std::string> arguments) {
     std::vector<std::string_view> views(arguments.begin(), arguments.end());
     std::string out;
-    kv::resp::encode_command(out, views);
+    dma::kv::resp::encode_command(out, views);
     send_raw(out);
     return reply();
   }
   /// Reads one reply; fails the test if none arrives within 20 s.
-  kv::resp::Reply reply() {
+  dma::kv::resp::Reply reply() {
     const auto deadline = std::chrono::steady_clock::now() + 20s;
-    kv::resp::Limits limits;
+    dma::kv::resp::Limits limits;
     for (;;) {
-      kv::resp::Reply r;
-      const auto parsed = kv::resp::parse_reply(buffer_, limits, r);
-      if (parsed.status == kv::resp::Status::complete) {
+      dma::kv::resp::Reply r;
+      const auto parsed = dma::kv::resp::parse_reply(buffer_, limits, r);
+      if (parsed.status == dma::kv::resp::Status::complete) {
         held_ = buffer_.substr(0, parsed.consumed);
         buffer_.erase(0, parsed.consumed);
-        kv::resp::Reply copy;
-        kv::resp::parse_reply(held_, limits, copy);
+        dma::kv::resp::Reply copy;
+        dma::kv::resp::parse_reply(held_, limits, copy);
         return copy;
       }
-      REQUIRE(parsed.status == kv::resp::Status::incomplete);
+      REQUIRE(parsed.status == dma::kv::resp::Status::incomplete);
       REQUIRE(std::chrono::steady_clock::now() < deadline);
       if (!read_some(deadline)) {
         FAIL("the connection closed without a reply");

@@ -2,7 +2,7 @@
 // libFuzzer target (resp_fuzz.cpp).
 #pragma once
 
-#include "resp.hpp"
+#include <dma/kv/resp.hpp>
 
 #include <cstdint>
 #include <cstdlib>
@@ -20,7 +20,7 @@ inline void require(bool condition) {
 /// Parses input as a stream of requests and, separately, of replies, as a connection would.
 inline void fuzz_resp(std::span<const std::uint8_t> data) {
   const std::string_view input(reinterpret_cast<const char*>(data.data()), data.size());
-  kv::resp::Limits limits;
+  dma::kv::resp::Limits limits;
   limits.max_inline = 256;
   limits.max_arguments = 8;
   limits.max_bulk = 1024;
@@ -29,11 +29,11 @@ inline void fuzz_resp(std::span<const std::uint8_t> data) {
   std::size_t at = 0;
   for (int i = 0; i < 10000 && at < input.size(); ++i) {
     const auto rest = input.substr(at);
-    const auto parsed = kv::resp::parse_request(rest, limits, arguments);
-    if (parsed.status != kv::resp::Status::complete) {
+    const auto parsed = dma::kv::resp::parse_request(rest, limits, arguments);
+    if (parsed.status != dma::kv::resp::Status::complete) {
       require(arguments.empty());
       require(parsed.consumed == 0);
-      if (parsed.status == kv::resp::Status::incomplete) {
+      if (parsed.status == dma::kv::resp::Status::incomplete) {
         require(rest.size() <= limits.max_request + limits.max_inline + 1024);
         require(parsed.needed == 0 || parsed.needed > rest.size());
       }
@@ -47,9 +47,9 @@ inline void fuzz_resp(std::span<const std::uint8_t> data) {
     }
     at += parsed.consumed;
   }
-  kv::resp::Reply reply;
-  const auto parsed = kv::resp::parse_reply(input, limits, reply);
-  if (parsed.status == kv::resp::Status::complete) require(parsed.consumed > 0 && parsed.consumed <= input.size());
+  dma::kv::resp::Reply reply;
+  const auto parsed = dma::kv::resp::parse_reply(input, limits, reply);
+  if (parsed.status == dma::kv::resp::Status::complete) require(parsed.consumed > 0 && parsed.consumed <= input.size());
 }
 
 }  // namespace side_channel_test

@@ -1,7 +1,8 @@
 // The RESP parsers: requests as redis-server accepts them, replies, limits, and random input.
+#include <dma/kv/resp.hpp>
+
 #include "../catch.hpp"
 
-#include "resp.hpp"
 #include "resp_fuzz.hpp"
 
 #include <random>
@@ -10,12 +11,12 @@
 
 namespace {
 
-using kv::resp::Status;
+using dma::kv::resp::Status;
 
 std::vector<std::string> parse_all(std::string_view input, Status& last) {
-  kv::resp::Limits limits;
+  dma::kv::resp::Limits limits;
   std::vector<std::string_view> arguments;
-  const auto parsed = kv::resp::parse_request(input, limits, arguments);
+  const auto parsed = dma::kv::resp::parse_request(input, limits, arguments);
   last = parsed.status;
   return std::vector<std::string>(arguments.begin(), arguments.end());
 }
@@ -38,70 +39,70 @@ TEST_CASE("an inline request splits on spaces and accepts a bare newline", "[res
 
 TEST_CASE("every prefix of a request is incomplete, and consumes nothing", "[resp]") {
   const std::string request = "*2\r\n$3\r\nGET\r\n$3\r\nkey\r\n";
-  kv::resp::Limits limits;
+  dma::kv::resp::Limits limits;
   std::vector<std::string_view> arguments;
   for (std::size_t n = 0; n < request.size(); ++n) {
-    const auto parsed = kv::resp::parse_request(std::string_view(request).substr(0, n), limits, arguments);
+    const auto parsed = dma::kv::resp::parse_request(std::string_view(request).substr(0, n), limits, arguments);
     INFO("prefix of " << n << " bytes");
     CHECK(parsed.status == Status::incomplete);
     CHECK(parsed.consumed == 0);
     CHECK(arguments.empty());
   }
-  CHECK(kv::resp::parse_request(request, limits, arguments).consumed == request.size());
+  CHECK(dma::kv::resp::parse_request(request, limits, arguments).consumed == request.size());
 }
 
 TEST_CASE("a request that breaks a limit is a protocol error naming the limit", "[resp]") {
-  kv::resp::Limits limits;
+  dma::kv::resp::Limits limits;
   limits.max_inline = 16;
   limits.max_arguments = 2;
   limits.max_bulk = 8;
   std::vector<std::string_view> arguments;
-  const auto inline_line = kv::resp::parse_request(std::string(17, 'x'), limits, arguments);
+  const auto inline_line = dma::kv::resp::parse_request(std::string(17, 'x'), limits, arguments);
   CHECK(inline_line.status == Status::error);
   CHECK(inline_line.error.find("too big inline request") != std::string::npos);
-  const auto bulk = kv::resp::parse_request("*1\r\n$9\r\n", limits, arguments);
+  const auto bulk = dma::kv::resp::parse_request("*1\r\n$9\r\n", limits, arguments);
   CHECK(bulk.status == Status::error);
   CHECK(bulk.error.find("invalid bulk length 9") != std::string::npos);
-  CHECK(kv::resp::parse_request("*3\r\n", limits, arguments).status == Status::error);
-  CHECK(kv::resp::parse_request("*1\r\n+OK\r\n", limits, arguments).status == Status::error);
-  CHECK(kv::resp::parse_request("*1\r\n$2\r\nabcd", limits, arguments).status == Status::error);
-  CHECK(kv::resp::parse_request("*x\r\n", limits, arguments).status == Status::error);
-  CHECK(kv::resp::parse_request("*" + std::string(40, '1'), limits, arguments).status == Status::error);
+  CHECK(dma::kv::resp::parse_request("*3\r\n", limits, arguments).status == Status::error);
+  CHECK(dma::kv::resp::parse_request("*1\r\n+OK\r\n", limits, arguments).status == Status::error);
+  CHECK(dma::kv::resp::parse_request("*1\r\n$2\r\nabcd", limits, arguments).status == Status::error);
+  CHECK(dma::kv::resp::parse_request("*x\r\n", limits, arguments).status == Status::error);
+  CHECK(dma::kv::resp::parse_request("*" + std::string(40, '1'), limits, arguments).status == Status::error);
 }
 
 TEST_CASE("an incomplete bulk says how long the whole request is", "[resp]") {
-  kv::resp::Limits limits;
+  dma::kv::resp::Limits limits;
   std::vector<std::string_view> arguments;
-  const auto parsed = kv::resp::parse_request("*2\r\n$3\r\nSET\r\n$100\r\nab", limits, arguments);
+  const auto parsed = dma::kv::resp::parse_request("*2\r\n$3\r\nSET\r\n$100\r\nab", limits, arguments);
   CHECK(parsed.status == Status::incomplete);
   CHECK(parsed.needed == 13 + 6 + 102);
 }
 
 TEST_CASE("replies of every type parse, nested arrays included", "[resp]") {
-  kv::resp::Limits limits;
-  kv::resp::Reply reply;
+  dma::kv::resp::Limits limits;
+  dma::kv::resp::Reply reply;
   const std::string input = "*3\r\n$4\r\nab\r\n\r\n:-42\r\n*2\r\n+OK\r\n-ERR no\r\n";
-  const auto parsed = kv::resp::parse_reply(input, limits, reply);
+  const auto parsed = dma::kv::resp::parse_reply(input, limits, reply);
   REQUIRE(parsed.status == Status::complete);
   CHECK(parsed.consumed == input.size());
   REQUIRE(reply.elements.size() == 3);
   CHECK(reply.elements[0].text == "ab\r\n");
   CHECK(reply.elements[1].integer == -42);
   CHECK(reply.elements[2].elements[1].is_error());
-  CHECK(kv::resp::parse_reply("$-1\r\n", limits, reply).status == Status::complete);
-  CHECK(reply.type == kv::resp::Reply::Type::nil);
-  CHECK(kv::resp::parse_reply("?\r\n", limits, reply).status == Status::error);
+  CHECK(dma::kv::resp::parse_reply("$-1\r\n", limits, reply).status == Status::complete);
+  CHECK(reply.type == dma::kv::resp::Reply::Type::nil);
+  CHECK(dma::kv::resp::parse_reply("?\r\n", limits, reply).status == Status::error);
 }
 
 TEST_CASE("encoded commands parse back, and errors never carry a line break", "[resp]") {
   std::string out;
   const std::vector<std::string_view> arguments{"DMA.SET", "k", "", std::string_view("\0\r\n", 3)};
-  kv::resp::encode_command(out, arguments);
+  dma::kv::resp::encode_command(out, arguments);
   Status status{};
   const auto back = parse_all(out, status);
   CHECK(back == std::vector<std::string>(arguments.begin(), arguments.end()));
   std::string error;
-  kv::resp::append_error(error, "ERR a\r\nb");
+  dma::kv::resp::append_error(error, "ERR a\r\nb");
   CHECK(error == "-ERR a  b\r\n");
 }
 

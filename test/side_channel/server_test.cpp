@@ -61,7 +61,7 @@ std::string run_redis_cli(const Server& server, std::vector<std::string> argumen
   return out;
 }
 
-void require_error(const kv::resp::Reply& reply, std::string_view contains) {
+void require_error(const dma::kv::resp::Reply& reply, std::string_view contains) {
   INFO("reply: " << reply.text);
   REQUIRE(reply.is_error());
   CHECK(reply.text.find(contains) != std::string_view::npos);
@@ -140,7 +140,7 @@ TEST_CASE("a HELLO naming another host's fabric address is refused unless the se
   Server trusting({"--allow-any-fabric-host"});
   Resp resp(trusting.port());
   const auto hello = resp.command({"DMA.HELLO", sockaddr_hex("127.0.0.2", 4000)});
-  REQUIRE(hello.type == kv::resp::Reply::Type::array);
+  REQUIRE(hello.type == dma::kv::resp::Reply::Type::array);
   REQUIRE(hello.elements.size() == 5);
   CHECK(hello.elements[3].text == "reply");    // tcp confirms delivery (confirmation_test.cpp has the rest)
   CHECK(hello.elements[4].text.size() == 32);  // the client's token
@@ -153,7 +153,7 @@ TEST_CASE("DMA.SET and DMA.GET check lengths, keys and CRCs and leave the store 
   Peer peer(65536);
   Resp resp(server.port());
   const auto hello = resp.command({"DMA.HELLO", peer.address_hex()});
-  REQUIRE(hello.type == kv::resp::Reply::Type::array);
+  REQUIRE(hello.type == dma::kv::resp::Reply::Type::array);
   const auto rkey = std::to_string(peer.advertisement().remote_key);
   const auto addr = std::to_string(peer.advertisement().remote_address);
 
@@ -175,7 +175,7 @@ TEST_CASE("DMA.SET and DMA.GET check lengths, keys and CRCs and leave the store 
   std::memset(peer.memory().data(), 0, peer.memory().size());
   const auto got = resp.command({"DMA.GET", "k", rkey, addr, "65536"});
   INFO("DMA.GET replied " << got.text);
-  REQUIRE(got.type == kv::resp::Reply::Type::array);
+  REQUIRE(got.type == dma::kv::resp::Reply::Type::array);
   CHECK(got.elements[0].integer == 1000);
   CHECK(got.elements[1].integer == crc);
   CHECK(dma::checksum(peer.memory().first(1000)) == crc);
@@ -185,11 +185,11 @@ TEST_CASE("DMA.SET and DMA.GET check lengths, keys and CRCs and leave the store 
                 "transfer failed");
   Peer other(4096);
   Resp second(server.port());
-  REQUIRE(second.command({"DMA.HELLO", other.address_hex()}).type == kv::resp::Reply::Type::array);
+  REQUIRE(second.command({"DMA.HELLO", other.address_hex()}).type == dma::kv::resp::Reply::Type::array);
   const auto read_back = second.command({"DMA.GET", "k", std::to_string(other.advertisement().remote_key),
                                          std::to_string(other.advertisement().remote_address), "4096"});
   INFO("DMA.GET replied " << read_back.text);
-  REQUIRE(read_back.type == kv::resp::Reply::Type::array);
+  REQUIRE(read_back.type == dma::kv::resp::Reply::Type::array);
   CHECK(dma::checksum(other.memory().first(1000)) == crc);
   CHECK(info_number(server.port(), "crc_mismatches") == 1);
   CHECK(info_number(server.port(), "keys") == 1);
@@ -207,7 +207,7 @@ TEST_CASE("another connection names a client by its HELLO token; an unknown one 
   const auto addr = std::to_string(peer.advertisement().remote_address);
   Resp first(server.port());
   const auto hello = first.command({"DMA.HELLO", peer.address_hex()});
-  REQUIRE(hello.type == kv::resp::Reply::Type::array);
+  REQUIRE(hello.type == dma::kv::resp::Reply::Type::array);
   REQUIRE(hello.elements.size() == 5);
   const std::string token(hello.elements[4].text);
   Resp second(server.port());
@@ -219,7 +219,7 @@ TEST_CASE("another connection names a client by its HELLO token; an unknown one 
   CHECK(wait_for_info(server.port(), "dma_clients", 0) == 0);
   const auto got = second.command({"DMA.GET", "k", rkey, addr, "4096", "CLIENT", token});
   INFO("DMA.GET replied " << got.text);
-  REQUIRE(got.type == kv::resp::Reply::Type::array);
+  REQUIRE(got.type == dma::kv::resp::Reply::Type::array);
   CHECK(std::to_string(got.elements[1].integer) == crc);
   CHECK(info_number(server.port(), "no_hello") == 2);
   CHECK(info_number(server.port(), "hello_bindings") == 1);

@@ -1,14 +1,13 @@
-#include "hello_bindings.hpp"
+#include <dma/kv/hello_bindings.hpp>
 
 #include <sys/random.h>
 
-#include <strings.h>
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <system_error>
 
-namespace kv {
+namespace dma::kv {
 namespace {
 
 // 128 bits from getrandom(2), as 32 hex digits.
@@ -31,10 +30,6 @@ std::string new_token() {
     token += digits[b & 0xf];
   }
   return token;
-}
-
-bool iequals(std::string_view a, std::string_view b) {
-  return a.size() == b.size() && strncasecmp(a.data(), b.data(), a.size()) == 0;
 }
 
 }  // namespace
@@ -118,26 +113,4 @@ std::uint64_t HelloBindings::dropped() const {
   return dropped_;
 }
 
-std::string parse_transfer_options(std::span<const std::string_view> rest, TransferOptions& options) {
-  options = TransferOptions{};
-  std::size_t i = 0;
-  if (i < rest.size() && !iequals(rest[i], "CLIENT")) options.positional = rest[i++];
-  if (i < rest.size()) {
-    if (!iequals(rest[i], "CLIENT")) return "ERR syntax error: expected CLIENT <token>";
-    if (i + 1 >= rest.size()) return "ERR syntax error: CLIENT needs the token DMA.HELLO returned";
-    options.client = rest[i + 1];
-    i += 2;
-  }
-  if (i != rest.size()) return "ERR syntax error: nothing may follow CLIENT <token>";
-  return {};
-}
-
-std::string no_hello_error(std::optional<std::string_view> client) {
-  if (client) {
-    return "NOHELLO this server has no DMA.HELLO for that client (it went, or was sent to another node): send "
-           "DMA.HELLO here, then retry with its token";
-  }
-  return "NOHELLO send DMA.HELLO first, on this connection, or name the client: CLIENT <token>";
-}
-
-}  // namespace kv
+}  // namespace dma::kv

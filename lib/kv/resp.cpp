@@ -1,9 +1,9 @@
-#include "resp.hpp"
+#include <dma/kv/resp.hpp>
 
 #include <algorithm>
 #include <charconv>
 
-namespace kv::resp {
+namespace dma::kv::resp {
 namespace {
 
 // The longest header line (`*<n>`, `$<n>`, `:<n>`) worth looking at: a sign and 19 digits.
@@ -248,4 +248,4 @@ bool iequals(std::string_view a, std::string_view b) noexcept {
          });
 }
 
-}  // namespace kv::resp
+}  // namespace dma::kv::resp

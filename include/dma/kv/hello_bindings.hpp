@@ -1,10 +1,13 @@
-// A client's DMA.HELLO on one server, for every RESP connection the client opens to it: the
-// fabric address under an unguessable token that HELLO returns and that a data command names with
-// `CLIENT <token>`. Cluster clients (redis-py's RedisCluster, valkey-glide) pool, multiplex and
-// silently reopen their connections, so a binding outlives the connection that sent the HELLO, for
-// an idle time once another connection has named it, and the number of bindings is capped. Shared by dma-kv-server and
-// the module; docs/side-channel.md ("DMA.HELLO") has the protocol.
+/// @file
+/// A client's DMA.HELLO on one server, for every RESP connection the client opens to it: the
+/// fabric address under an unguessable token that HELLO returns and that a data command names with
+/// `CLIENT <token>`. Cluster clients (redis-py's RedisCluster, valkey-glide) pool, multiplex and
+/// silently reopen their connections, so a binding outlives the connection that sent the HELLO,
+/// for an idle time once another connection has named it, and the number of bindings is capped.
+/// docs/side-channel.md ("DMA.HELLO") has the protocol.
 #pragma once
+
+#include <dma/export.hpp>
 
 #include <dma/peer_address.hpp>
 
@@ -19,20 +22,21 @@
 #include <unordered_map>
 #include <vector>
 
-namespace kv {
+namespace dma::kv {
 
 /// One client's HELLO: the service's peer id for it, its fabric address and its token.
 struct Binding {
-  std::uint64_t id = 0;
-  dma::PeerAddress address;
-  std::string token;
+  std::uint64_t id = 0;  ///< the service's peer id
+  PeerAddress address;   ///< the client's fabric address
+  std::string token;     ///< 32 hex digits
 };
 
 /// The bindings of one server. Thread-safe.
-class HelloBindings {
+class DMA_EXPORT HelloBindings {
  public:
-  using Clock = std::chrono::steady_clock;
+  using Clock = std::chrono::steady_clock;  ///< the clock of idle times
 
+  /// How many bindings, and for how long.
   struct Limits {
     /// Bindings at once; a HELLO beyond it drops the least recently used one no connection holds.
     std::size_t capacity = 65536;
@@ -40,13 +44,14 @@ class HelloBindings {
     std::chrono::seconds idle{300};
   };
 
+  /// An empty set of bindings.
   explicit HelloBindings(Limits limits) : limits_(limits) {}
 
   /// A new binding with a fresh token for `address`, under the peer id `id`, held by the connection
   /// that sent the HELLO until release(id). At capacity, the least recently used binding no
   /// connection holds goes first (its id is appended to `dropped`, for the caller's service);
   /// nullopt when every binding is held. Throws std::system_error when the OS gives no random bytes.
-  std::optional<Binding> bind(std::uint64_t id, const dma::PeerAddress& address, std::vector<std::uint64_t>& dropped);
+  std::optional<Binding> bind(std::uint64_t id, const PeerAddress& address, std::vector<std::uint64_t>& dropped);
 
   /// The binding `token` names, marked used now; nullopt when none (never sent here, or dropped).
   /// `own` is the id of the caller's connection's own binding (0 without one): a binding named by
@@ -64,9 +69,11 @@ class HelloBindings {
   /// Drops every binding no connection holds that was last used `idle` ago or more; returns their ids.
   std::vector<std::uint64_t> sweep(Clock::time_point now = Clock::now());
 
+  /// Bindings now.
   std::size_t size() const;
   /// Bindings dropped after their idle time, or for room at capacity.
   std::uint64_t dropped() const;
+  /// The limits it was made with.
   const Limits& limits() const noexcept { return limits_; }
 
  private:
@@ -84,18 +91,4 @@ class HelloBindings {
   std::uint64_t dropped_ = 0;
 };
 
-/// The optional arguments after a DMA.SET's or DMA.GET's window: at most one positional value
-/// (DMA.SET's crc32c, DMA.GET's notification token), then `CLIENT <token>`.
-struct TransferOptions {
-  std::optional<std::string_view> positional;
-  std::optional<std::string_view> client;
-};
-
-/// Parses `rest` into `options`; empty when it parses, else the error to reply.
-std::string parse_transfer_options(std::span<const std::string_view> rest, TransferOptions& options);
-
-/// The error a data command gets when the server cannot place its client: `client` is the token it
-/// named, or none when it named none.
-std::string no_hello_error(std::optional<std::string_view> client);
-
-}  // namespace kv
+}  // namespace dma::kv

@@ -488,8 +488,11 @@ asio::awaitable<bool> Connection::execute(std::span<const std::string_view> argu
   } else if (iequals(name, "FLUSHALL") || iequals(name, "FLUSHDB")) {
     store.clear();
     dma::kv::resp::append_simple(out_, "OK");
-  } else if (iequals(name, "INFO") || iequals(name, "DMA.INFO")) {
+  } else if (iequals(name, "INFO")) {  // redis-cli's INFO [section]: every section
     dma::kv::resp::append_bulk(out_, server_.info());
+  } else if (iequals(name, "DMA.INFO")) {
+    dma::kv::arity_fits(dma::kv::info_command, arity) ? dma::kv::resp::append_bulk(out_, server_.info())
+                                                      : wrong_arity(name);
   } else if (iequals(name, "COMMAND")) {
     dma::kv::resp::append_array_header(out_, 0);  // redis-cli asks for command docs; it has no hints from us
   } else if (iequals(name, "QUIT")) {

@@ -1,0 +1,89 @@
+// The module's parts that need no server (examples/redis_module/: its arguments and its held
+// values), built in every build, sanitizer builds included.
+#include "held_values.hpp"
+#include "options.hpp"
+
+#include "../catch.hpp"
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace {
+
+std::string parse(std::initializer_list<std::string_view> arguments, dma_module::Options& options) {
+  const std::vector<std::string_view> list(arguments);
+  return dma_module::parse_options(list, options);
+}
+
+// A stand-in for the server's strings: the test counts the references the module lets go.
+rm::String* fake(std::uintptr_t n) { return reinterpret_cast<rm::String*>(n); }
+
+}  // namespace
+
+TEST_CASE("the module's arguments", "[module-core]") {
+  dma_module::Options options;
+  REQUIRE(
+      parse({"max-value", "4096", "efa", "no", "hold-values", "no", "pool-threads", "0", "confirm-gets", "notification",
+             "get-copy-limit", "100", "max-hello-bindings", "8", "hello-idle-seconds", "5", "bind", "127.0.0.2"},
+            options)
+          .empty());
+  CHECK(options.max_value == 4096);
+  CHECK_FALSE(options.hold_values);
+  CHECK(options.pool_threads == 0);
+  CHECK(options.confirm_gets == dma::kv::Confirmation::notification);
+  CHECK(options.get_copy_limit == 100u);
+  CHECK(options.max_hello_bindings == 8);
+  CHECK(options.hello_idle_seconds == 5);
+  CHECK(options.configuration().bind == "127.0.0.2");
+
+  dma_module::Options other;
+  CHECK(parse({"max-value"}, other) == "arguments come in pairs (key value); 'max-value' has no value");
+  CHECK(parse({"max-value", "0"}, other) == "max-value takes a whole number of at least 1, not '0'");
+  CHECK(parse({"max-value", "+5"}, other) == "max-value takes a whole number of at least 1, not '+5'");
+  CHECK(parse({"max-value", "18446744073709551616"}, other).find("not '18446744073709551616'") != std::string::npos);
+  CHECK(parse({"efa", "1"}, other) == "efa takes yes or no, not '1'");
+  CHECK(parse({"confirm-gets", "always"}, other) == "confirm-gets takes auto, reply or notification, not 'always'");
+  CHECK(parse({"colour", "blue"}, other).rfind("unknown argument 'colour'", 0) == 0);
+  CHECK(other.max_value == dma_module::Options{}.max_value);  // a refusal changes nothing it did not parse
+}
+
+TEST_CASE("a bad config file is refused with its name", "[module-core]") {
+  dma_module::Options options;
+  REQUIRE(parse({"config", "/nonexistent/dma.toml"}, options).empty());
+  CHECK_THROWS_AS(options.configuration(), dma::ConfigurationError);
+}
+
+TEST_CASE("held values: one reference each, let go exactly once", "[module-core]") {
+  std::vector<rm::String*> released;
+  {
+    dma_module::HeldValues held([&](rm::String* s) { released.push_back(s); });
+    held.hold(0, "a", {fake(1), 100, 7});
+    held.hold(0, "b", {fake(2), 50, 8});
+    held.hold(1, "a", {fake(3), 10, 9});
+    CHECK(held.count() == 3);
+    CHECK(held.bytes() == 160);
+    REQUIRE(held.find(0, "a") != nullptr);
+    CHECK(held.find(0, "a")->crc == 7);
+    CHECK(held.find(2, "a") == nullptr);
+
+    held.hold(0, "a", {fake(4), 30, 1});  // overwrite: the old reference goes
+    CHECK(released == std::vector<rm::String*>{fake(1)});
+    CHECK(held.bytes() == 90);
+
+    held.swap_dbs(0, 1);
+    CHECK(held.find(0, "a")->string == fake(3));
+    CHECK(held.find(1, "b")->string == fake(2));
+
+    held.release(1, "b");
+    CHECK(released.back() == fake(2));
+    held.release(1, "b");  // nothing held: nothing happens
+    CHECK(released.size() == 2);
+
+    held.release_db(1);
+    CHECK(released.back() == fake(4));
+    CHECK(held.count() == 1);
+  }
+  // The destructor lets go of the rest.
+  CHECK(released == std::vector<rm::String*>{fake(1), fake(2), fake(4), fake(3)});
+}

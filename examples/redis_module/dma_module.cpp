@@ -765,7 +765,8 @@ int load(rm::Ctx* ctx, rm::String** argv, int argc) {
   api.SubscribeToServerEvent(ctx, rm::event_cron_loop, cron);
   read_maxmemory(ctx);
   api.Log(ctx, "notice", "dma: fabric %s, address %s, max-value %zu, DMA.GET confirmed by %s",
-          module->info.provider.c_str(), module->address_hex.c_str(), module->options.max_value,
+          module->info.provider.c_str(), module->address_hex.c_str(),
+          static_cast<std::size_t>(module->options.max_value),
           std::string(dma::kv::to_string(module->confirmation)).c_str());
   return rm::ok;
 }

@@ -42,24 +42,19 @@ namespace errors = dma::kv::errors;
 using namespace std::chrono_literals;
 constexpr auto tuple_awaitable = dma::compat::as_tuple(asio::use_awaitable);
 
-struct Options {
+// The protocol's settings (dma::kv::ServerSettings: max-value, confirm-gets, ...), and the server's own.
+struct Options : dma::kv::ServerSettings {
   std::string bind = "127.0.0.1";
   std::uint16_t port = 6380;
   unsigned threads = 1;
   bool efa = false;
-  std::size_t max_value = std::size_t{16} << 20;
   std::size_t max_memory = std::size_t{1} << 30;
   std::size_t max_clients = 1024;
   std::size_t max_client_buffers = std::size_t{1} << 30;  ///< every connection's input and output buffers
   std::size_t client_output_limit = std::size_t{1} << 20;
   unsigned client_output_seconds = 60;
   unsigned idle_timeout = 0;  ///< seconds; 0: never
-  bool allow_any_fabric_host = false;
-  std::string config;                                 // a TOML file's [dma-libfabric] table, applied first
-  std::uint64_t transfer_deadline_ms = 0;             // 0: the configuration's (30 s by default)
-  std::optional<dma::kv::Confirmation> confirm_gets;  // none: auto, from the endpoint
-  std::size_t max_hello_bindings = 65536;
-  unsigned hello_idle_seconds = 300;
+  std::string config;         // a TOML file's [dma-libfabric] table, applied first
 };
 
 // One transfer's context: a stored (or arriving) value's region and its length.
@@ -887,9 +882,6 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1u, 256u))
       ->capture_default_str();
   app.add_flag("--efa", options.efa, "use efa-direct instead of tcp");
-  app.add_option("--max-value", options.max_value, "largest value, bytes")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
   app.add_option("--max-memory", options.max_memory, "bytes of values the store holds at most")->capture_default_str();
   app.add_option("--max-clients", options.max_clients, "connections served at once")
       ->check(CLI::PositiveNumber)
@@ -907,28 +899,32 @@ int main(int argc, char** argv) {
   app.add_option("--idle-timeout", options.idle_timeout,
                  "seconds a connection may wait between requests before it is closed (0: never)")
       ->capture_default_str();
-  app.add_flag(
-      "--allow-any-fabric-host", options.allow_any_fabric_host,
-      "accept a DMA.HELLO whose fabric address names another host than its connection (trusted networks only)");
   app.add_option("--config", options.config, "TOML file whose [dma-libfabric] table configures the service");
-  app.add_option("--transfer-deadline", options.transfer_deadline_ms,
-                 "milliseconds a transfer may take before it fails (0: the configuration's, 30 s by default)");
-  std::string confirm_gets = "auto";
-  app.add_option("--max-hello-bindings", options.max_hello_bindings,
-                 "DMA.HELLO bindings at once; one beyond drops the least recently used one no connection holds")
-      ->capture_default_str()
-      ->check(CLI::PositiveNumber);
-  app.add_option("--hello-idle", options.hello_idle_seconds,
-                 "seconds a DMA.HELLO binding stays once the connection that sent it closed and it went unused")
-      ->capture_default_str()
-      ->check(CLI::PositiveNumber);
-  app.add_option("--confirm-gets", confirm_gets,
-                 "what tells a DMA.GET's client its bytes have landed: reply, notification (a write with the "
-                 "client's token as immediate data), or auto (notification where a completed write does not say so)")
-      ->check(CLI::IsMember({"auto", "reply", "notification"}))
-      ->capture_default_str();
+  // The protocol's settings, as the module takes them (dma::kv::settings), checked by the protocol.
+  std::vector<std::pair<std::string, std::string>> given;
+  for (const auto& setting : dma::kv::settings) {
+    const std::string name(setting.name);
+    std::string names = "--" + name;
+    if (name == "transfer-deadline-ms") names += ",--transfer-deadline";  // earlier spellings
+    if (name == "hello-idle-seconds") names += ",--hello-idle";
+    if (setting.flag) {
+      app.add_flag_callback(
+          names, [&given, name] { given.emplace_back(name, "yes"); }, std::string(setting.help));
+    } else {
+      app.add_option_function<std::string>(
+             names, [&given, name](const std::string& value) { given.emplace_back(name, value); },
+             std::string(setting.help))
+          ->default_str(std::string(setting.fallback))
+          ->type_name(name == "confirm-gets" ? "MODE" : "N");
+    }
+  }
   CLI11_PARSE(app, argc, argv);
-  dma::kv::parse_confirmation_setting(confirm_gets, options.confirm_gets);
+  for (const auto& [name, value] : given) {
+    if (const auto why = dma::kv::apply_setting(options, name, value); why && !why->empty()) {
+      std::fprintf(stderr, "dma-kv-server: --%s\n", why->c_str());
+      return 2;
+    }
+  }
 
   dma::Configuration configuration;
   if (!options.config.empty()) {

@@ -163,6 +163,33 @@ std::string check_token_room(const EndpointInfo& info) {
          " bytes of immediate data; a DMA.GET notification token needs 4";
 }
 
+std::optional<std::string> apply_setting(ServerSettings& settings, std::string_view name, std::string_view value) {
+  const auto number = [&](std::uint64_t low, std::uint64_t& field) -> std::string {
+    const auto parsed = parse_number(value);
+    if (!parsed || *parsed < low) {
+      return std::string(name) + " takes a whole number of at least " + std::to_string(low) + ", not " + quote(value);
+    }
+    field = *parsed;
+    return {};
+  };
+  if (name == "max-value") return number(1, settings.max_value);
+  if (name == "transfer-deadline-ms") return number(0, settings.transfer_deadline_ms);
+  if (name == "max-hello-bindings") return number(1, settings.max_hello_bindings);
+  if (name == "hello-idle-seconds") return number(1, settings.hello_idle_seconds);
+  if (name == "allow-any-fabric-host") {
+    if (value != "yes" && value != "no") return std::string(name) + " takes yes or no, not " + quote(value);
+    settings.allow_any_fabric_host = value == "yes";
+    return std::string();
+  }
+  if (name == "confirm-gets") {
+    if (!parse_confirmation_setting(value, settings.confirm_gets)) {
+      return std::string(name) + " takes auto, reply or notification, not " + quote(value);
+    }
+    return std::string();
+  }
+  return std::nullopt;
+}
+
 HelloRequest parse_hello(std::span<const std::string_view> arguments, std::uint32_t addr_format) {
   HelloRequest request;
   if (!arity_fits(hello_command, arguments.size())) {

@@ -232,3 +232,31 @@ TEST_CASE("HELLO bindings: tokens, sharing, idle drop and the cap", "[kv]") {
   CHECK_FALSE(bindings.find(a->token, 0));
   CHECK(bindings.dropped() == 1);
 }
+
+TEST_CASE("the protocol's settings, one parser for every server", "[kv]") {
+  kv::ServerSettings settings;
+  CHECK(kv::apply_setting(settings, "max-value", "4096") == "");
+  CHECK(settings.max_value == 4096);
+  CHECK(kv::apply_setting(settings, "max-value", "0") == "max-value takes a whole number of at least 1, not '0'");
+  CHECK(kv::apply_setting(settings, "max-value", "+5") == "max-value takes a whole number of at least 1, not '+5'");
+  CHECK(settings.max_value == 4096);
+  CHECK(kv::apply_setting(settings, "transfer-deadline-ms", "0") == "");
+  CHECK(kv::apply_setting(settings, "allow-any-fabric-host", "yes") == "");
+  CHECK(settings.allow_any_fabric_host);
+  CHECK(kv::apply_setting(settings, "allow-any-fabric-host", "1") == "allow-any-fabric-host takes yes or no, not '1'");
+  CHECK(kv::apply_setting(settings, "confirm-gets", "notification") == "");
+  CHECK(settings.confirm_gets == kv::Confirmation::notification);
+  CHECK(kv::apply_setting(settings, "confirm-gets", "auto") == "");
+  CHECK_FALSE(settings.confirm_gets);
+  CHECK(kv::apply_setting(settings, "max-hello-bindings", "0") ==
+        "max-hello-bindings takes a whole number of at least 1, not '0'");
+  CHECK(kv::apply_setting(settings, "hello-idle-seconds", "5") == "");
+  CHECK(settings.hello_idle_seconds == 5);
+  CHECK_FALSE(kv::apply_setting(settings, "pool-threads", "2"));  // not the protocol's
+  // Every setting the table names is one apply_setting takes, at its default.
+  for (const auto& setting : kv::settings) {
+    kv::ServerSettings defaults;
+    INFO(setting.name);
+    CHECK(kv::apply_setting(defaults, setting.name, setting.fallback) == "");
+  }
+}

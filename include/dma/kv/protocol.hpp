@@ -96,6 +96,51 @@ DMA_EXPORT Confirmation resolve_confirmation(std::optional<Confirmation> setting
 /// Empty when the endpoint can carry a token as immediate data; otherwise why not.
 DMA_EXPORT std::string check_token_room(const EndpointInfo& info);
 
+// ---- Settings ----------------------------------------------------------------------------
+
+/// The settings every server of the protocol takes, with their defaults: a module argument
+/// `name value`, or `--name value` on dma-kv-server's command line.
+struct ServerSettings {
+  std::uint64_t max_value = std::uint64_t{16} << 20;  ///< `max-value`: bytes a DMA.SET may store
+  bool allow_any_fabric_host = false;                 ///< `allow-any-fabric-host`: skip the same-host rule
+  std::uint64_t transfer_deadline_ms = 0;             ///< `transfer-deadline-ms`; 0: the configuration's
+  std::optional<Confirmation> confirm_gets;           ///< `confirm-gets`: none is auto, from the endpoint
+  std::uint64_t max_hello_bindings = 65536;           ///< `max-hello-bindings`
+  std::uint64_t hello_idle_seconds = 300;             ///< `hello-idle-seconds`
+};
+
+/// One setting of ServerSettings, for a server's help and its parser.
+struct Setting {
+  std::string_view name;      ///< as a module argument; `--name` on a command line
+  bool flag;                  ///< yes/no (a command line's flag takes no value)
+  std::string_view help;      ///< what it does, one line
+  std::string_view fallback;  ///< its default, as text
+};
+
+/// Every setting of ServerSettings.
+inline constexpr Setting settings[] = {
+    {"max-value", false, "the largest value DMA.SET stores, bytes", "16777216"},
+    {"allow-any-fabric-host", true,
+     "accept a DMA.HELLO whose fabric address names another host than its connection (trusted networks only)", "no"},
+    {"transfer-deadline-ms", false, "milliseconds a transfer may take before it fails (0: the configuration's, 30 s)",
+     "0"},
+    {"confirm-gets", false,
+     "what tells a DMA.GET's client its bytes have landed: reply, notification (a write carrying the client's "
+     "token), or auto (notification where a completed write does not say so)",
+     "auto"},
+    {"max-hello-bindings", false,
+     "DMA.HELLO bindings at once; one beyond drops the least recently used one no connection holds", "65536"},
+    {"hello-idle-seconds", false,
+     "seconds a DMA.HELLO binding another connection named stays unused once the connection that sent it closed",
+     "300"},
+};
+
+/// Sets `name` (one of `settings`) to `value`: "" when it took it, else what was wrong, naming the
+/// setting and the value (`max-value takes a whole number of at least 1, not 'lots'`); nullopt
+/// when `name` is no setting of the protocol. A flag takes `yes` or `no`.
+DMA_EXPORT std::optional<std::string> apply_setting(ServerSettings& settings, std::string_view name,
+                                                    std::string_view value);
+
 // ---- DMA.HELLO -----------------------------------------------------------------------------
 
 /// A DMA.HELLO's fabric address, decoded and checked against the server's endpoint format, or the

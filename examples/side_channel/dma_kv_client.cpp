@@ -187,21 +187,14 @@ class SideChannel {
     channel->router_ = &router;
     channel->region_ = target.expose(channel->buffer_);
     const std::vector<std::string> arguments{"DMA.HELLO", dma::encode_hex(target.local_address())};
-    const auto hello = co_await channel->resp_.command(arguments);
-    if (hello.type != dma::kv::resp::Reply::Type::array || hello.elements.size() < 2) {
-      throw Failure("DMA.HELLO: " + reply_text(hello));
-    }
-    const auto server_address = dma::decode_hex(hello.elements[0].text);
-    channel->client_id_ = static_cast<std::uint64_t>(hello.elements[1].integer);
-    // A server that names no confirmation (three elements) replies once the bytes have landed.
-    if (hello.elements.size() >= 4) {
-      const auto confirmation = dma::kv::parse_confirmation(hello.elements[3].text);
-      if (!confirmation) throw Failure("DMA.HELLO: unknown confirmation '" + std::string(hello.elements[3].text) + "'");
-      channel->confirmation_ = *confirmation;
-    }
-    // The fifth names this client on any connection to that server (CLIENT <token>): a server that
+    const auto hello = dma::kv::read_hello_reply(co_await channel->resp_.command(arguments));
+    if (!hello.error.empty()) throw Failure("DMA.HELLO: " + hello.error);
+    const auto server_address = dma::decode_hex(hello.reply.server_address_hex);
+    channel->client_id_ = hello.reply.client_id;
+    channel->confirmation_ = hello.reply.confirmation;
+    // The token names this client on any connection to that server (CLIENT <token>): a server that
     // sends none binds the HELLO to this connection alone.
-    if (hello.elements.size() >= 5) channel->token_ = hello.elements[4].text;
+    channel->token_ = hello.reply.token;
     if (common.efa) target.insert_initiator(server_address);  // efa-direct: the server must be known first
     co_return channel;
   }
@@ -238,12 +231,10 @@ class SideChannel {
       arguments.push_back(std::to_string(token->value));
     }
     name_client(arguments);
-    const auto reply = co_await resp_.command(arguments);
-    if (reply.type != dma::kv::resp::Reply::Type::array || reply.elements.size() != 2) {
-      throw Failure("DMA.GET: " + reply_text(reply));
-    }
-    const auto length = static_cast<std::size_t>(reply.elements[0].integer);
-    const auto crc = static_cast<std::uint32_t>(reply.elements[1].integer);
+    const auto reply = dma::kv::read_get_reply(co_await resp_.command(arguments));
+    if (!reply.error.empty()) throw Failure("DMA.GET: " + reply.error);
+    const auto length = static_cast<std::size_t>(reply.length);
+    const auto crc = reply.crc;
     if (length > buffer_.size()) throw Failure("DMA.GET: the server reports more bytes than the buffer holds");
     if (token && length > 0) {  // an empty value is not written, so nothing notifies
       try {

@@ -237,6 +237,52 @@ void append_hello_reply(std::string& out, const HelloReply& reply) {
   resp::append_bulk(out, reply.token);
 }
 
+HelloReplyRead read_hello_reply(const resp::Reply& reply) {
+  using Type = resp::Reply::Type;
+  HelloReplyRead read;
+  if (reply.is_error()) {
+    read.error = std::string(reply.text);
+    return read;
+  }
+  const auto& e = reply.elements;
+  if (reply.type != Type::array || e.size() < 3 || e.size() > 5 || e[0].type != Type::bulk ||
+      e[1].type != Type::integer || e[2].type != Type::integer || e[1].integer < 0 || e[2].integer < 0 ||
+      (e.size() >= 4 && e[3].type != Type::bulk) || (e.size() == 5 && e[4].type != Type::bulk)) {
+    read.error = "not a DMA.HELLO reply (an array of the server's address, the client's id, the value limit, "
+                 "the confirmation and the token)";
+    return read;
+  }
+  read.reply.server_address_hex = std::string(e[0].text);
+  read.reply.client_id = static_cast<std::uint64_t>(e[1].integer);
+  read.reply.max_value = static_cast<std::uint64_t>(e[2].integer);
+  if (e.size() >= 4) {
+    const auto confirmation = parse_confirmation(e[3].text);
+    if (!confirmation) {
+      read.error = "DMA.HELLO names an unknown confirmation " + quote(e[3].text);
+      return read;
+    }
+    read.reply.confirmation = *confirmation;
+  }
+  if (e.size() == 5) read.reply.token = std::string(e[4].text);
+  return read;
+}
+
+GetReplyRead read_get_reply(const resp::Reply& reply) {
+  using Type = resp::Reply::Type;
+  GetReplyRead read;
+  if (reply.is_error()) {
+    read.error = std::string(reply.text);
+  } else if (reply.type != Type::array || reply.elements.size() != 2 || reply.elements[0].type != Type::integer ||
+             reply.elements[1].type != Type::integer || reply.elements[0].integer < 0 ||
+             reply.elements[1].integer < 0 || reply.elements[1].integer > std::int64_t{UINT32_MAX}) {
+    read.error = "not a DMA.GET reply (an array of the value's length and its crc32c)";
+  } else {
+    read.length = static_cast<std::uint64_t>(reply.elements[0].integer);
+    read.crc = static_cast<std::uint32_t>(reply.elements[1].integer);
+  }
+  return read;
+}
+
 TransferRequest parse_set(std::span<const std::string_view> arguments, std::uint64_t max_value) {
   std::optional<std::string_view> crc_text;
   auto request = parse_transfer(set_command, arguments, "length", crc_text);

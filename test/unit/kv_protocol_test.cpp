@@ -168,9 +168,43 @@ TEST_CASE("reply shapes", "[kv]") {
   CHECK(reply.elements[2].integer == 4096);
   CHECK(reply.elements[3].text == "notification");
   CHECK(reply.elements[4].text == "00ff");
+  const auto read = kv::read_hello_reply(reply);
+  REQUIRE(read.error.empty());
+  CHECK(read.reply.server_address_hex == "abcd");
+  CHECK(read.reply.client_id == 3);
+  CHECK(read.reply.max_value == 4096);
+  CHECK(read.reply.confirmation == kv::Confirmation::notification);
+  CHECK(read.reply.token == "00ff");
+
   out.clear();
   kv::append_get_reply(out, 10, UINT32_MAX);
   CHECK(out == "*2\r\n:10\r\n:4294967295\r\n");
+  REQUIRE(kv::resp::parse_reply(out, {}, reply).status == kv::resp::Status::complete);
+  const auto get = kv::read_get_reply(reply);
+  CHECK(get.error.empty());
+  CHECK(get.length == 10);
+  CHECK(get.crc == UINT32_MAX);
+}
+
+TEST_CASE("a client reads errors and odd shapes as errors", "[kv]") {
+  const auto parse = [](std::string_view text) {
+    kv::resp::Reply reply;
+    REQUIRE(kv::resp::parse_reply(text, {}, reply).status == kv::resp::Status::complete);
+    return reply;
+  };
+  CHECK(kv::read_hello_reply(parse("-ERR invalid fabric address: not hex\r\n")).error ==
+        "ERR invalid fabric address: not hex");
+  CHECK_FALSE(kv::read_hello_reply(parse("+OK\r\n")).error.empty());
+  CHECK_FALSE(kv::read_hello_reply(parse("*3\r\n$2\r\nab\r\n:-1\r\n:5\r\n")).error.empty());
+  const auto old = kv::read_hello_reply(parse("*3\r\n$2\r\nab\r\n:1\r\n:5\r\n"));  // no confirmation, no token
+  CHECK(old.error.empty());
+  CHECK(old.reply.confirmation == kv::Confirmation::reply);
+  CHECK(old.reply.token.empty());
+  CHECK(kv::read_hello_reply(parse("*4\r\n$2\r\nab\r\n:1\r\n:5\r\n$5\r\nmaybe\r\n")).error ==
+        "DMA.HELLO names an unknown confirmation 'maybe'");
+  CHECK(kv::read_get_reply(parse("-NOHELLO send DMA.HELLO first\r\n")).error == "NOHELLO send DMA.HELLO first");
+  CHECK_FALSE(kv::read_get_reply(parse("*2\r\n:1\r\n:4294967296\r\n")).error.empty());
+  CHECK_FALSE(kv::read_get_reply(parse("*1\r\n:1\r\n")).error.empty());
 }
 
 TEST_CASE("error texts start with the code a client acts on and never carry a digest", "[kv]") {

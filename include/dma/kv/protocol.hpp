@@ -11,6 +11,7 @@
 
 #include <dma/endpoint.hpp>
 #include <dma/export.hpp>
+#include <dma/kv/resp.hpp>
 #include <dma/metrics.hpp>
 #include <dma/peer_address.hpp>
 
@@ -179,6 +180,16 @@ struct HelloReply {
 /// Appends the DMA.HELLO reply in RESP.
 DMA_EXPORT void append_hello_reply(std::string& out, const HelloReply& reply);
 
+/// A DMA.HELLO reply as a client reads it: `error` is the server's error, or what is wrong with
+/// the reply's shape, and empty when `reply` holds it. A reply of three elements (a server that
+/// names no confirmation and no token) reads as `reply` confirmation and an empty token.
+struct HelloReplyRead {
+  HelloReply reply;   ///< what the server said
+  std::string error;  ///< empty when the reply had the shape of a DMA.HELLO reply
+};
+/// Reads a DMA.HELLO reply.
+DMA_EXPORT HelloReplyRead read_hello_reply(const resp::Reply& reply);
+
 // ---- DMA.SET and DMA.GET -------------------------------------------------------------------
 
 /// The client's buffer a transfer reads or writes: `<rkey> <remote-addr> <length>`.
@@ -206,6 +217,15 @@ DMA_EXPORT TransferRequest parse_get(std::span<const std::string_view> arguments
 
 /// Appends the DMA.GET reply in RESP: the value's length and its CRC-32C.
 DMA_EXPORT void append_get_reply(std::string& out, std::uint64_t length, std::uint32_t crc);
+
+/// A DMA.GET reply as a client reads it.
+struct GetReplyRead {
+  std::uint64_t length = 0;  ///< the value's length
+  std::uint32_t crc = 0;     ///< its CRC-32C, taken when it arrived at the server
+  std::string error;         ///< the server's error, or what is wrong with the reply; empty when read
+};
+/// Reads a DMA.GET reply.
+DMA_EXPORT GetReplyRead read_get_reply(const resp::Reply& reply);
 
 // ---- Error texts ---------------------------------------------------------------------------
 

@@ -19,10 +19,10 @@ namespace dma::kv::resp {
 
 /// What one request may be.
 struct Limits {
-  std::size_t max_inline = 64 * 1024;                             ///< an inline command's line, bytes
-  std::size_t max_arguments = 64;                                 ///< elements of one multibulk request
-  std::size_t max_bulk = std::size_t{64} << 20;                   ///< one bulk string, bytes
-  std::size_t max_request = (std::size_t{64} << 20) + 64 * 1024;  ///< sum of one request's bulks
+  std::size_t max_inline = std::size_t{64} << 10;                               ///< an inline command's line, bytes
+  std::size_t max_arguments = 64;                                               ///< elements of one multibulk request
+  std::size_t max_bulk = std::size_t{64} << 20;                                 ///< one bulk string, bytes
+  std::size_t max_request = (std::size_t{64} << 20) + (std::size_t{64} << 10);  ///< sum of one request's bulks
 };
 
 /// How far a parser got.

@@ -248,8 +248,9 @@ HelloReplyRead read_hello_reply(const resp::Reply& reply) {
   if (reply.type != Type::array || e.size() < 3 || e.size() > 5 || e[0].type != Type::bulk ||
       e[1].type != Type::integer || e[2].type != Type::integer || e[1].integer < 0 || e[2].integer < 0 ||
       (e.size() >= 4 && e[3].type != Type::bulk) || (e.size() == 5 && e[4].type != Type::bulk)) {
-    read.error = "not a DMA.HELLO reply (an array of the server's address, the client's id, the value limit, "
-                 "the confirmation and the token)";
+    read.error =
+        "not a DMA.HELLO reply (an array of the server's address, the client's id, the value limit, "
+        "the confirmation and the token)";
     return read;
   }
   read.reply.server_address_hex = std::string(e[0].text);

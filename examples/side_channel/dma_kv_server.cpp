@@ -57,12 +57,11 @@ struct Options : dma::kv::ServerSettings {
   std::string config;         // a TOML file's [dma-libfabric] table, applied first
 };
 
-// One transfer's context: a stored (or arriving) value's region and its length.
+// One transfer's context: a stored (or arriving) value, which it keeps alive.
 struct Slot {
-  kv::Region region;
-  std::size_t length = 0;
-  std::span<const std::byte> source() const { return region.bytes().first(length); }
-  std::span<std::byte> allocate(std::size_t n) const { return region.bytes().first(std::min(n, length)); }
+  kv::Value value;
+  std::span<const std::byte> source() const { return value.bytes(); }
+  std::span<std::byte> allocate(std::size_t n) const { return value.writable().first(std::min(n, value.length)); }
 };
 
 using Service = dma::asynchronous::FabricService<Slot>;
@@ -278,7 +277,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::optional<dma::kv::Binding> client_of(std::optional<std::string_view> named);
   asio::awaitable<void> dma_set(const dma::kv::TransferRequest& request, dma::kv::Binding client);
   asio::awaitable<void> dma_get(const dma::kv::TransferRequest& request, dma::kv::Binding client);
-  asio::awaitable<void> set_inline(std::string_view key, std::string_view value);
+  void set_inline(std::string_view key, std::string_view value);
+  asio::awaitable<void> set_registered(std::string_view key, std::string_view value);
+  std::optional<kv::Value> new_value(std::size_t length, kv::Buffer::Fill fill);
+  asio::awaitable<std::optional<kv::Value>> new_registered_value(std::size_t length, kv::Buffer::Fill fill);
   void get_inline(std::string_view key);
   void error(std::string_view text) {
     ++server_.counters_.error_replies;
@@ -465,7 +467,12 @@ asio::awaitable<bool> Connection::execute(std::span<const std::string_view> argu
     if (arity != 3) {
       arity > 3 ? error(errors::set_options()) : wrong_arity(name);
     } else {
-      co_await set_inline(arguments[1], arguments[2]);
+      // Registering a value is a trip through the service: only then is SET a coroutine.
+      if (server_.info_.requires_local_mr && !arguments[2].empty()) {
+        co_await set_registered(arguments[1], arguments[2]);
+      } else {
+        set_inline(arguments[1], arguments[2]);
+      }
     }
   } else if (iequals(name, "GET")) {
     arity == 2 ? get_inline(arguments[1]) : wrong_arity(name);
@@ -515,39 +522,59 @@ asio::awaitable<bool> Connection::execute(std::span<const std::string_view> argu
   co_return true;
 }
 
-// A value's storage as a region without registering it, for providers that need no registration of
-// local buffers (tcp): a transfer's operand in it then binds no memory registration, and the value
-// skips register_region's trip through the service's executors.
-kv::Region unregistered_region(kv::Buffer buffer) {
-  auto storage = std::make_shared<kv::Buffer>(std::move(buffer));
-  const auto base = reinterpret_cast<std::uintptr_t>(storage->begin());
-  const auto end = reinterpret_cast<std::uintptr_t>(storage->end());
-  return kv::Region::adopt(std::move(storage), base, end);
+// A new value of `length` bytes where the provider needs no registration of local buffers (tcp,
+// shm): one allocation, and a transfer's operand in it binds no registration. Nullopt after
+// replying OOM.
+std::optional<kv::Value> Connection::new_value(std::size_t length, kv::Buffer::Fill fill) {
+  auto bytes = kv::Bytes::allocate(server_.values_, length, fill);
+  if (!bytes) {
+    out_of_memory();
+    return std::nullopt;
+  }
+  return kv::Value{{}, std::move(*bytes), length, 0};
 }
 
-asio::awaitable<void> Connection::set_inline(std::string_view key, std::string_view value) {
-  auto& store = server_.store_;
+// A new value of `length` bytes in storage registered with the service (efa); nullopt after
+// replying the error.
+asio::awaitable<std::optional<kv::Value>> Connection::new_registered_value(std::size_t length, kv::Buffer::Fill fill) {
+  auto buffer = kv::Buffer::allocate(server_.values_, length, fill);
+  if (!buffer) {
+    out_of_memory();
+    co_return std::nullopt;
+  }
+  auto [ec, registered] = co_await server_.service_.register_region(std::move(*buffer), tuple_awaitable);
+  if (ec) {
+    error(errors::registration_failed(length, ec.message()));
+    co_return std::nullopt;
+  }
+  co_return kv::Value{std::move(registered), {}, length, 0};
+}
+
+void Connection::set_inline(std::string_view key, std::string_view value) {
+  if (value.size() > server_.options_.max_value) {
+    return error(errors::value_too_large(value.size(), server_.options_.max_value));
+  }
+  kv::Value stored;
+  if (!value.empty()) {
+    auto allocated = new_value(value.size(), kv::Buffer::Fill::overwritten);
+    if (!allocated) return;
+    stored = std::move(*allocated);
+    std::memcpy(stored.writable().data(), value.data(), value.size());
+  }
+  stored.crc = dma::checksum(std::as_bytes(std::span(value)));
+  server_.store_.put(key, std::move(stored));
+  dma::kv::resp::append_simple(out_, "OK");
+}
+
+asio::awaitable<void> Connection::set_registered(std::string_view key, std::string_view value) {
   if (value.size() > server_.options_.max_value) {
     co_return error(errors::value_too_large(value.size(), server_.options_.max_value));
   }
-  kv::Value stored;
-  stored.length = value.size();
-  stored.crc = dma::checksum(std::as_bytes(std::span(value)));
-  if (!value.empty()) {
-    auto buffer = kv::Buffer::allocate(server_.values_, value.size(), kv::Buffer::Fill::overwritten);
-    if (!buffer) co_return out_of_memory();
-    kv::Region region;
-    if (server_.info_.requires_local_mr) {
-      auto [ec, registered] = co_await server_.service_.register_region(std::move(*buffer), tuple_awaitable);
-      if (ec) co_return error(errors::registration_failed(value.size(), ec.message()));
-      region = std::move(registered);
-    } else {
-      region = unregistered_region(std::move(*buffer));
-    }
-    std::memcpy(region.bytes().data(), value.data(), value.size());
-    stored.region = std::move(region);
-  }
-  store.put(key, std::move(stored));
+  auto stored = co_await new_registered_value(value.size(), kv::Buffer::Fill::overwritten);
+  if (!stored) co_return;
+  std::memcpy(stored->writable().data(), value.data(), value.size());
+  stored->crc = dma::checksum(std::as_bytes(std::span(value)));
+  server_.store_.put(key, std::move(*stored));
   dma::kv::resp::append_simple(out_, "OK");
 }
 
@@ -621,16 +648,13 @@ asio::awaitable<void> Connection::dma_set(const dma::kv::TransferRequest& reques
   }
   // Zeroed storage: a transfer that moves fewer bytes than asked while reporting success (libfabric
   // 1.17's tcp does, for a short read response) leaves zeros, never a former value's bytes.
-  auto buffer = kv::Buffer::allocate(server_.values_, length, kv::Buffer::Fill::zeroed);
-  if (!buffer) co_return out_of_memory();
-  kv::Region region;
+  std::optional<kv::Value> value;
   if (server_.info_.requires_local_mr) {
-    auto [ec, registered] = co_await server_.service_.register_region(std::move(*buffer), tuple_awaitable);
-    if (ec) co_return error(errors::registration_failed(length, ec.message()));
-    region = std::move(registered);
+    value = co_await new_registered_value(length, kv::Buffer::Fill::zeroed);
   } else {
-    region = unregistered_region(std::move(*buffer));
+    value = new_value(length, kv::Buffer::Fill::zeroed);
   }
+  if (!value) co_return;
   dma::TransferRequest<Slot> transfer;
   transfer.client_id = client.id;
   transfer.peer_address = client.address;
@@ -639,7 +663,7 @@ asio::awaitable<void> Connection::dma_set(const dma::kv::TransferRequest& reques
   transfer.direction = dma::Direction::FromPeer;
   transfer.length = length;
   transfer.want_checksum = true;
-  transfer.caller_context = Slot{std::move(region), length};
+  transfer.caller_context = Slot{std::move(*value)};
   std::optional<InFlight> in_flight(std::in_place, counters.sets_in_flight);
   // The key outlives the transfer: it views this command's arguments in the input buffer, which
   // holds them until the command's reply is built.
@@ -653,7 +677,8 @@ asio::awaitable<void> Connection::dma_set(const dma::kv::TransferRequest& reques
     ++counters.crc_mismatches;
     co_return error(errors::crc_mismatch(*request.crc));
   }
-  store.put(request.key, kv::Value{std::move(slot.region), length, crc});
+  slot.value.crc = crc;
+  store.put(request.key, std::move(slot.value));
   dma::kv::resp::append_simple(out_, "OK");
 }
 
@@ -672,7 +697,7 @@ asio::awaitable<void> Connection::dma_get(const dma::kv::TransferRequest& reques
     transfer.remote_address = request.window.address;
     transfer.direction = dma::Direction::ToPeer;
     transfer.immediate_data = request.token;  // the client's Target hears it once the bytes have landed
-    transfer.caller_context = Slot{value->region, value->length};
+    transfer.caller_context = Slot{*value};
     std::optional<InFlight> in_flight(std::in_place, counters.gets_in_flight);
     auto [ec, done] = co_await server_.service_.submit(std::move(transfer), dma::compat::as_tuple(asio::use_awaitable));
     in_flight.reset();

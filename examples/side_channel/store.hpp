@@ -13,11 +13,13 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <optional>
 #include <span>
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <utility>
 
 namespace kv {
 
@@ -94,14 +96,71 @@ class Buffer {
 
 using Region = dma::MemoryRegion<Buffer>;
 
+/// A value's storage where the provider needs no registration of local buffers (tcp, shm): the
+/// bytes in one allocation with their reference count and their charge to the value budget
+/// (`--max-memory`), freed with the last copy. One allocation per value, as redis-server's
+/// embedded strings: a Buffer in a Region takes three (the bytes, the storage's box, the
+/// region's), and its release walks the registration cache.
+class Bytes {
+ public:
+  Bytes() noexcept = default;
+  /// Empty when the budget has no room for size bytes (size > 0) or the allocation fails.
+  static std::optional<Bytes> allocate(const std::shared_ptr<Budget>& budget, std::size_t size, Buffer::Fill fill) {
+    if (!budget->try_charge(size)) return std::nullopt;
+    const std::size_t total = sizeof(Block) + size;
+    void* memory = fill == Buffer::Fill::zeroed ? std::calloc(total, 1) : std::malloc(total);
+    if (memory == nullptr) {
+      budget->release(size);
+      return std::nullopt;
+    }
+    Bytes bytes;
+    bytes.block_ = new (memory) Block{{1}, budget, size};
+    return bytes;
+  }
+  Bytes(const Bytes& other) noexcept : block_(other.block_) {
+    if (block_ != nullptr) block_->references.fetch_add(1, std::memory_order_relaxed);
+  }
+  Bytes(Bytes&& other) noexcept : block_(std::exchange(other.block_, nullptr)) {}
+  Bytes& operator=(Bytes other) noexcept {
+    std::swap(block_, other.block_);
+    return *this;
+  }
+  ~Bytes() {
+    if (block_ == nullptr || block_->references.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+    block_->budget->release(block_->size);
+    block_->~Block();
+    std::free(block_);
+  }
+
+  /// The bytes; writable only by the one who allocated them, before anyone else reads them.
+  std::span<std::byte> span() const noexcept {
+    return block_ == nullptr ? std::span<std::byte>()
+                             : std::span<std::byte>(reinterpret_cast<std::byte*>(block_ + 1), block_->size);
+  }
+
+ private:
+  struct alignas(16) Block {
+    std::atomic<std::uint32_t> references;
+    std::shared_ptr<Budget> budget;  ///< kept alive by its values: a reply may outlive the server's own
+    std::size_t size;
+  };
+  Block* block_ = nullptr;
+};
+
+/// A stored value (or one on its way in): its bytes in a Region where the provider needs local
+/// registration (efa), else in Bytes.
 struct Value {
-  Region region;  ///< empty for a zero-length value
+  Region region;  ///< registered storage, or empty
+  Bytes storage;  ///< unregistered storage, or empty
   std::size_t length = 0;
   std::uint32_t crc = 0;  ///< CRC-32C of the bytes, taken when they arrived
 
-  std::span<const std::byte> bytes() const noexcept {
-    return length == 0 ? std::span<const std::byte>() : std::span<const std::byte>(region.bytes().first(length));
+  /// The value's bytes (writable by the one who allocated them, before the value is stored).
+  std::span<std::byte> writable() const noexcept {
+    if (length == 0) return {};
+    return region ? region.bytes().first(length) : storage.span().first(length);
   }
+  std::span<const std::byte> bytes() const noexcept { return writable(); }
 };
 
 /// A string-keyed map with heterogeneous lookup. Thread-safe. Its values' memory is charged to

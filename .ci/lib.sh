@@ -158,6 +158,9 @@ run_suites() {
   done
   for n in "${names[@]}"; do suites+=(--suite "$n"); done
   local targets
+  # Regenerate first: a folder configured before a meson.build change would otherwise name the
+  # old set of test programs.
+  ninja -C "$dir" build.ninja >/dev/null 2>&1 || true
   mapfile -t targets < <(.ci/suite-targets "$dir" "${names[@]}")
   rm -f "$dir/meson-logs/$logbase.json"
   if ninja -C "$dir" "${targets[@]}" "${extra[@]}" >"$dir/$logbase-build.log" 2>&1; then

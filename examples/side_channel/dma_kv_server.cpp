@@ -272,6 +272,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     kv::Value value;
   };
 
+  std::optional<bool> execute_now(std::span<const std::string_view> arguments);
   asio::awaitable<bool> execute(std::span<const std::string_view> arguments);
   asio::awaitable<void> hello(std::span<const std::string_view> arguments);
   std::optional<dma::kv::Binding> client_of(std::optional<std::string_view> named);
@@ -405,7 +406,8 @@ asio::awaitable<void> Connection::run() {
       ++server_.counters_.commands;
       // Replies already built go out before a transfer that may take long.
       if (is_transfer(arguments[0]) && !co_await flush()) break;
-      const bool open = co_await execute(arguments);
+      const auto now = execute_now(arguments);
+      const bool open = now ? *now : co_await execute(arguments);
       if (!open || pending_output() >= output_batch) {
         if (!co_await flush() || !open) break;
       }
@@ -448,9 +450,10 @@ asio::awaitable<void> Connection::run() {
   server_.connections_.erase(self);
 }
 
-// Runs one command, appending its reply to out_ (and payloads_); false when the connection should
-// close.
-asio::awaitable<bool> Connection::execute(std::span<const std::string_view> arguments) {
+// Runs a command that completes at once, appending its reply to out_ (and payloads_): true or
+// false as execute(), nullopt for a command that must be awaited (a transfer, a HELLO, a
+// registration), which execute() runs. Most commands take this path: no coroutine frame.
+std::optional<bool> Connection::execute_now(std::span<const std::string_view> arguments) {
   using dma::kv::resp::iequals;
   const auto name = arguments[0];
   const auto arity = arguments.size();
@@ -466,13 +469,10 @@ asio::awaitable<bool> Connection::execute(std::span<const std::string_view> argu
   } else if (iequals(name, "SET")) {
     if (arity != 3) {
       arity > 3 ? error(errors::set_options()) : wrong_arity(name);
+    } else if (server_.info_.requires_local_mr && !arguments[2].empty()) {
+      return std::nullopt;  // registering the value is a trip through the service
     } else {
-      // Registering a value is a trip through the service: only then is SET a coroutine.
-      if (server_.info_.requires_local_mr && !arguments[2].empty()) {
-        co_await set_registered(arguments[1], arguments[2]);
-      } else {
-        set_inline(arguments[1], arguments[2]);
-      }
+      set_inline(arguments[1], arguments[2]);
     }
   } else if (iequals(name, "GET")) {
     arity == 2 ? get_inline(arguments[1]) : wrong_arity(name);
@@ -499,7 +499,22 @@ asio::awaitable<bool> Connection::execute(std::span<const std::string_view> argu
     dma::kv::resp::append_array_header(out_, 0);  // redis-cli asks for command docs; it has no hints from us
   } else if (iequals(name, "QUIT")) {
     dma::kv::resp::append_simple(out_, "OK");
-    co_return false;
+    return false;
+  } else if (iequals(name, "DMA.HELLO") || iequals(name, "DMA.SET") || iequals(name, "DMA.GET")) {
+    return std::nullopt;
+  } else {
+    error(errors::unknown_command(name));
+  }
+  return true;
+}
+
+// Runs a command execute_now() left to it (one that waits on the service), appending its reply
+// to out_; false when the connection should close.
+asio::awaitable<bool> Connection::execute(std::span<const std::string_view> arguments) {
+  using dma::kv::resp::iequals;
+  const auto name = arguments[0];
+  if (iequals(name, "SET")) {
+    co_await set_registered(arguments[1], arguments[2]);
   } else if (iequals(name, "DMA.HELLO")) {
     co_await hello(arguments);
   } else if (iequals(name, "DMA.SET") || iequals(name, "DMA.GET")) {

@@ -186,7 +186,7 @@ class SideChannel {
         co_await RespConnection::connect(common.host, common.port, 64 * 1024), std::max<std::size_t>(capacity, 1)));
     channel->router_ = &router;
     channel->region_ = target.expose(channel->buffer_);
-    const std::vector<std::string> arguments{"DMA.HELLO", dma::encode_hex(target.local_address())};
+    const auto arguments = dma::kv::hello_arguments(target.local_address());
     const auto hello = dma::kv::read_hello_reply(co_await channel->resp_.command(arguments));
     if (!hello.error.empty()) throw Failure("DMA.HELLO: " + hello.error);
     const auto server_address = dma::decode_hex(hello.reply.server_address_hex);
@@ -207,13 +207,7 @@ class SideChannel {
   asio::awaitable<void> set(std::string_view key, std::size_t length) {
     const auto crc = dma::checksum(std::span<const std::byte>(buffer_).first(length));
     const auto& a = region_.advertisement();
-    std::vector<std::string> arguments{"DMA.SET",
-                                       std::string(key),
-                                       std::to_string(a.remote_key),
-                                       std::to_string(a.remote_address),
-                                       std::to_string(length),
-                                       std::to_string(crc)};
-    name_client(arguments);
+    const auto arguments = dma::kv::set_arguments(key, {a.remote_key, a.remote_address, length}, crc, token_);
     const auto reply = co_await resp_.command(arguments);
     expect_ok(reply, "DMA.SET");
   }
@@ -223,14 +217,11 @@ class SideChannel {
   /// bytes are there once the Target's notification with that token has arrived.
   asio::awaitable<std::pair<std::size_t, std::uint32_t>> get(std::string_view key) {
     const auto& a = region_.advertisement();
-    std::vector<std::string> arguments{"DMA.GET", std::string(key), std::to_string(a.remote_key),
-                                       std::to_string(a.remote_address), std::to_string(buffer_.size())};
     std::optional<PendingToken> token;
-    if (confirmation_ == dma::kv::Confirmation::notification) {
-      token.emplace(*router_);
-      arguments.push_back(std::to_string(token->value));
-    }
-    name_client(arguments);
+    if (confirmation_ == dma::kv::Confirmation::notification) token.emplace(*router_);
+    const auto arguments =
+        dma::kv::get_arguments(key, {a.remote_key, a.remote_address, buffer_.size()},
+                               token ? std::optional<std::uint32_t>(token->value) : std::nullopt, token_);
     const auto reply = dma::kv::read_get_reply(co_await resp_.command(arguments));
     if (!reply.error.empty()) throw Failure("DMA.GET: " + reply.error);
     const auto length = static_cast<std::size_t>(reply.length);
@@ -266,12 +257,6 @@ class SideChannel {
   std::uint64_t client_id_ = 0;
   std::string token_;  ///< DMA.HELLO's client token; empty from a server that gives none
 
-  // Names this client on its data commands, so they hold on any connection to the server.
-  void name_client(std::vector<std::string>& arguments) const {
-    if (token_.empty()) return;
-    arguments.emplace_back("CLIENT");
-    arguments.push_back(token_);
-  }
   dma::kv::Confirmation confirmation_ = dma::kv::Confirmation::reply;
 };
 

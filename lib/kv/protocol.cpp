@@ -317,6 +317,36 @@ TransferRequest parse_get(std::span<const std::string_view> arguments) {
   return request;
 }
 
+std::vector<std::string> hello_arguments(std::span<const std::uint8_t> address) {
+  return {std::string(hello_command.name), encode_hex(address)};
+}
+
+namespace {
+
+std::vector<std::string> transfer_arguments(const Command& command, std::string_view key, const Window& window,
+                                            std::optional<std::uint32_t> positional, std::string_view client_token) {
+  std::vector<std::string> arguments{std::string(command.name), std::string(key), std::to_string(window.rkey),
+                                     std::to_string(window.address), std::to_string(window.length)};
+  if (positional) arguments.push_back(std::to_string(*positional));
+  if (!client_token.empty()) {
+    arguments.emplace_back("CLIENT");
+    arguments.emplace_back(client_token);
+  }
+  return arguments;
+}
+
+}  // namespace
+
+std::vector<std::string> set_arguments(std::string_view key, const Window& window, std::optional<std::uint32_t> crc,
+                                       std::string_view client_token) {
+  return transfer_arguments(set_command, key, window, crc, client_token);
+}
+
+std::vector<std::string> get_arguments(std::string_view key, const Window& window, std::optional<std::uint32_t> token,
+                                       std::string_view client_token) {
+  return transfer_arguments(get_command, key, window, token, client_token);
+}
+
 void append_get_reply(std::string& out, std::uint64_t length, std::uint32_t crc) {
   resp::append_array_header(out, 2);
   resp::append_integer(out, static_cast<std::int64_t>(length));

@@ -294,3 +294,27 @@ TEST_CASE("the protocol's settings, one parser for every server", "[kv]") {
     CHECK(kv::apply_setting(defaults, setting.name, setting.fallback) == "");
   }
 }
+
+TEST_CASE("a client's commands parse back to what it meant", "[kv]") {
+  const kv::Window window{7, 4096, 100};
+  const auto set = kv::set_arguments("k", window, 5u, "tok");
+  const std::vector<std::string_view> set_views(set.begin(), set.end());
+  const auto parsed_set = kv::parse_set(set_views, 1000);
+  REQUIRE(parsed_set.error.empty());
+  CHECK(parsed_set.key == "k");
+  CHECK(parsed_set.window.rkey == 7);
+  CHECK(parsed_set.window.address == 4096);
+  CHECK(parsed_set.window.length == 100);
+  CHECK(parsed_set.crc == 5u);
+  CHECK(parsed_set.client == "tok");
+
+  const auto get = kv::get_arguments("k", window, std::nullopt, "");
+  CHECK(get == std::vector<std::string>{"DMA.GET", "k", "7", "4096", "100"});
+  const auto notified = kv::get_arguments("k", window, 9u, "");
+  const std::vector<std::string_view> get_views(notified.begin(), notified.end());
+  CHECK(kv::parse_get(get_views).token == 9u);
+
+  const auto hello = kv::hello_arguments(kv_sockaddr_v4("127.0.0.1", 1));
+  const std::vector<std::string_view> hello_views(hello.begin(), hello.end());
+  CHECK(kv::parse_hello(hello_views, FI_SOCKADDR_IN).error.empty());
+}

@@ -215,6 +215,17 @@ DMA_EXPORT TransferRequest parse_set(std::span<const std::string_view> arguments
 /// Parses `DMA.GET <key> <rkey> <remote-addr> <capacity> [<token>] [CLIENT <token>]`.
 DMA_EXPORT TransferRequest parse_get(std::span<const std::string_view> arguments);
 
+/// A client's `DMA.HELLO <address-hex>`, for resp::encode_command.
+DMA_EXPORT std::vector<std::string> hello_arguments(std::span<const std::uint8_t> address);
+/// A client's `DMA.SET key rkey remote-addr length [crc32c] [CLIENT token]`; no CLIENT when
+/// `client_token` is empty.
+DMA_EXPORT std::vector<std::string> set_arguments(std::string_view key, const Window& window,
+                                                  std::optional<std::uint32_t> crc, std::string_view client_token);
+/// A client's `DMA.GET key rkey remote-addr capacity [token] [CLIENT token]`; no CLIENT when
+/// `client_token` is empty.
+DMA_EXPORT std::vector<std::string> get_arguments(std::string_view key, const Window& window,
+                                                  std::optional<std::uint32_t> token, std::string_view client_token);
+
 /// Appends the DMA.GET reply in RESP: the value's length and its CRC-32C.
 DMA_EXPORT void append_get_reply(std::string& out, std::uint64_t length, std::uint32_t crc);
 

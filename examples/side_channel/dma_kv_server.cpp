@@ -653,6 +653,19 @@ asio::awaitable<void> Connection::hello(std::span<const std::string_view> argume
                                      server_.confirmation_, binding->token});
 }
 
+// A transfer between `slot`'s value and the client's window.
+dma::TransferRequest<Slot> transfer_for(const dma::kv::Binding& client, const dma::kv::Window& window,
+                                        dma::Direction direction, Slot slot) {
+  dma::TransferRequest<Slot> transfer;
+  transfer.client_id = client.id;
+  transfer.peer_address = client.address;
+  transfer.remote_key = window.rkey;
+  transfer.remote_address = window.address;
+  transfer.direction = direction;
+  transfer.caller_context = std::move(slot);
+  return transfer;
+}
+
 asio::awaitable<void> Connection::dma_set(const dma::kv::TransferRequest& request, dma::kv::Binding client) {
   auto& store = server_.store_;
   auto& counters = server_.counters_;
@@ -670,15 +683,9 @@ asio::awaitable<void> Connection::dma_set(const dma::kv::TransferRequest& reques
     value = new_value(length, kv::Buffer::Fill::zeroed);
   }
   if (!value) co_return;
-  dma::TransferRequest<Slot> transfer;
-  transfer.client_id = client.id;
-  transfer.peer_address = client.address;
-  transfer.remote_key = request.window.rkey;
-  transfer.remote_address = request.window.address;
-  transfer.direction = dma::Direction::FromPeer;
+  auto transfer = transfer_for(client, request.window, dma::Direction::FromPeer, Slot{std::move(*value)});
   transfer.length = length;
   transfer.want_checksum = true;
-  transfer.caller_context = Slot{std::move(*value)};
   std::optional<InFlight> in_flight(std::in_place, counters.sets_in_flight);
   // The key outlives the transfer: it views this command's arguments in the input buffer, which
   // holds them until the command's reply is built.
@@ -705,14 +712,8 @@ asio::awaitable<void> Connection::dma_get(const dma::kv::TransferRequest& reques
     co_return error(errors::buffer_too_small(value->length, request.window.length));
   }
   if (value->length > 0) {
-    dma::TransferRequest<Slot> transfer;
-    transfer.client_id = client.id;
-    transfer.peer_address = client.address;
-    transfer.remote_key = request.window.rkey;
-    transfer.remote_address = request.window.address;
-    transfer.direction = dma::Direction::ToPeer;
+    auto transfer = transfer_for(client, request.window, dma::Direction::ToPeer, Slot{*value});
     transfer.immediate_data = request.token;  // the client's Target hears it once the bytes have landed
-    transfer.caller_context = Slot{*value};
     std::optional<InFlight> in_flight(std::in_place, counters.gets_in_flight);
     auto [ec, done] = co_await server_.service_.submit(std::move(transfer), dma::compat::as_tuple(asio::use_awaitable));
     in_flight.reset();

@@ -81,8 +81,13 @@ TEST_CASE("clients killed in the middle of DMA.GET and DMA.SET cost the others n
 
 TEST_CASE("50 connect and kill cycles leave the server's fds and memory as they were", "[side_channel][kill]") {
   Server server;
-  for (int round = 0; round < 2; ++round)
+  // The warm-up brings the allocator's arenas to the size these kills keep them at; its largest
+  // reading is the baseline, since one reading alone swings by a few value buffers.
+  std::size_t rss = 0;
+  for (int round = 0; round < 5; ++round) {
     kill_during_transfers(server);
+    rss = std::max(rss, rss_kib(server.pid()));
+  }
   REQUIRE(wait_for_info(server.port(), "dma_clients", 0) == 0);
   REQUIRE(wait_for_info(server.port(), "outstanding", 0) == 0);
   // Closed connections (the probes' too) leave the server a moment later: take the settled count.
@@ -91,11 +96,14 @@ TEST_CASE("50 connect and kill cycles leave the server's fds and memory as they 
     std::this_thread::sleep_for(20ms);
     fds = std::min(fds, fd_count(server.pid()));
   }
-  const auto rss = rss_kib(server.pid());
+  rss = std::max(rss, rss_kib(server.pid()));
   const auto fds_before = fd_targets(server.pid());
   int caught = 0;
-  for (int round = 0; round < 25; ++round)
+  std::size_t rss_after = 0;  // the largest reading over the last five rounds
+  for (int round = 0; round < 25; ++round) {
     caught += kill_during_transfers(server);  // 50 clients
+    if (round >= 20) rss_after = std::max(rss_after, rss_kib(server.pid()));
+  }
   CHECK(caught >= 40);  // the rest were killed between transfers, which must leave nothing behind too
   CHECK(wait_for_info(server.port(), "dma_clients", 0) == 0);
   CHECK(wait_for_info(server.port(), "outstanding", 0) == 0);
@@ -114,12 +122,13 @@ TEST_CASE("50 connect and kill cycles leave the server's fds and memory as they 
   if (close_wait > 0) WARN(close_wait << " fabric connection(s) to killed clients left in CLOSE_WAIT");
   CHECK(close_wait <= 2);
   CHECK(fd_count(server.pid()) <= fds + close_wait);
-  const auto rss_after = rss_kib(server.pid());
-  INFO("RSS " << rss << " KiB before, " << rss_after << " KiB after");
-  // The size swings by a few 4 MiB value buffers from one moment to the next (21-34 MB over 50
-  // kills, with no trend), so the bound allows four of them plus a fifth on top of the first
-  // reading. ASan's quarantine keeps freed memory.
-  constexpr std::size_t value_buffers_kib = 4 * 4096;
+  rss_after = std::max(rss_after, rss_kib(server.pid()));
+  INFO("RSS " << rss << " KiB at most in the warm-up, " << rss_after << " KiB at most at the end");
+  // The size swings by a few 4 MiB value buffers from one moment to the next (16-36 MB over 50
+  // kills, with no trend; libfabric 2.1 swings widest), so the largest readings of the two ends
+  // are compared, with eight value buffers and a fifth of the baseline allowed on top. A leaked
+  // value buffer per kill would add 200 MB. ASan's quarantine keeps freed memory.
+  constexpr std::size_t value_buffers_kib = 8 * 4096;
   if (!address_sanitizer) CHECK(rss_after <= rss + rss / 5 + value_buffers_kib);
   CHECK(info_number(server.port(), "transfers_failed") > 0);
 }

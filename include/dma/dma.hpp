@@ -18,6 +18,7 @@
 #include <dma/peer_address.hpp>
 #include <dma/pool.hpp>
 #include <dma/target.hpp>
+#include <dma/target_thread.hpp>
 #include <dma/transfer.hpp>
 #include <dma/version.hpp>
 

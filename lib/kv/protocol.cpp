@@ -353,6 +353,17 @@ void append_get_reply(std::string& out, std::uint64_t length, std::uint32_t crc)
   resp::append_integer(out, crc);
 }
 
+namespace {
+// The texts a client tells apart (classify_error), shared with the builders below.
+constexpr std::string_view value_prefix = "ERR value of ";
+constexpr std::string_view value_too_large_middle = " bytes exceeds the limit of ";
+constexpr std::string_view no_such_key_text = "ERR no such key";
+constexpr std::string_view buffer_too_small_prefix = "ERR the value is ";
+constexpr std::string_view buffer_too_small_middle = " bytes, the client's buffer holds ";
+constexpr std::string_view transfer_failed_prefix = "ERR transfer failed: ";
+constexpr std::string_view crc_mismatch_prefix = "ERR CRC mismatch: ";
+}  // namespace
+
 namespace errors {
 
 std::string wrong_arity(std::string_view command) {
@@ -385,17 +396,19 @@ std::string no_hello(std::optional<std::string_view> client) {
   return "NOHELLO send DMA.HELLO first, on this connection, or name the client: CLIENT <token>";
 }
 std::string value_too_large(std::uint64_t length, std::uint64_t limit) {
-  return "ERR value of " + std::to_string(length) + " bytes exceeds the limit of " + std::to_string(limit);
+  return std::string(value_prefix) + std::to_string(length) + std::string(value_too_large_middle) +
+         std::to_string(limit);
 }
-std::string no_such_key() { return "ERR no such key"; }
+std::string no_such_key() { return std::string(no_such_key_text); }
 std::string wrong_type() { return "WRONGTYPE Operation against a key holding the wrong kind of value"; }
 std::string buffer_too_small(std::uint64_t length, std::uint64_t capacity) {
-  return "ERR the value is " + std::to_string(length) + " bytes, the client's buffer holds " + std::to_string(capacity);
+  return std::string(buffer_too_small_prefix) + std::to_string(length) + std::string(buffer_too_small_middle) +
+         std::to_string(capacity);
 }
-std::string transfer_failed(std::string_view why) { return "ERR transfer failed: " + std::string(why); }
+std::string transfer_failed(std::string_view why) { return std::string(transfer_failed_prefix) + std::string(why); }
 std::string crc_mismatch(std::uint32_t expected) {
-  return "ERR CRC mismatch: the bytes read do not have the client's crc32c " + std::to_string(expected) +
-         "; the store is unchanged";
+  return std::string(crc_mismatch_prefix) + "the bytes read do not have the client's crc32c " +
+         std::to_string(expected) + "; the store is unchanged";
 }
 std::string registration_failed(std::uint64_t length, std::string_view why) {
   return "ERR registering " + std::to_string(length) + " bytes: " + std::string(why);
@@ -433,6 +446,28 @@ std::string cannot_block(std::string_view command) {
 std::string shutting_down() { return "ERR the dma module is shutting down"; }
 
 }  // namespace errors
+
+ErrorReply classify_error(std::string_view text) noexcept {
+  const auto space = text.find(' ');
+  const std::string_view code = text.substr(0, space);
+  if (code == "NOHELLO") return ErrorReply::no_hello;
+  if (code == "TRYAGAIN") return ErrorReply::try_again;
+  if (code == "CLUSTERDOWN") return ErrorReply::cluster_down;
+  if (code == "OOM") return ErrorReply::out_of_memory;
+  if (code == "WRONGTYPE") return ErrorReply::wrong_type;
+  if (code == "MOVED") return ErrorReply::moved;
+  if (code == "ASK") return ErrorReply::ask;
+  if (text == no_such_key_text) return ErrorReply::no_such_key;
+  if (text.starts_with(transfer_failed_prefix)) return ErrorReply::transfer_failed;
+  if (text.starts_with(crc_mismatch_prefix)) return ErrorReply::crc_mismatch;
+  if (text.starts_with(value_prefix) && text.find(value_too_large_middle) != std::string_view::npos) {
+    return ErrorReply::value_too_large;
+  }
+  if (text.starts_with(buffer_too_small_prefix) && text.find(buffer_too_small_middle) != std::string_view::npos) {
+    return ErrorReply::buffer_too_small;
+  }
+  return ErrorReply::other;
+}
 
 void InfoText::section(std::string_view name) {
   if (!text_.empty()) text_ += "\r\n";

@@ -304,6 +304,26 @@ DMA_EXPORT std::string cannot_block(std::string_view command);
 DMA_EXPORT std::string shutting_down();
 }  // namespace errors
 
+/// What an error reply says, for a client to act on: its code (the first word), and for `ERR`
+/// the protocol's texts a client tells apart.
+enum class ErrorReply {
+  no_hello,          ///< `NOHELLO`: send DMA.HELLO (errors::no_hello)
+  try_again,         ///< `TRYAGAIN`: nothing was stored; send the command again
+  cluster_down,      ///< `CLUSTERDOWN`
+  out_of_memory,     ///< `OOM`
+  wrong_type,        ///< `WRONGTYPE`
+  moved,             ///< `MOVED <slot> <host:port>`: the slot lives on another node
+  ask,               ///< `ASK <slot> <host:port>`: ask the other node, this once
+  no_such_key,       ///< errors::no_such_key
+  transfer_failed,   ///< errors::transfer_failed
+  crc_mismatch,      ///< errors::crc_mismatch
+  value_too_large,   ///< errors::value_too_large
+  buffer_too_small,  ///< errors::buffer_too_small
+  other,             ///< any other error
+};
+/// Which of ErrorReply an error reply's text (without RESP's `-`) is.
+DMA_EXPORT ErrorReply classify_error(std::string_view text) noexcept;
+
 // ---- DMA.INFO ------------------------------------------------------------------------------
 
 /// The sections of DMA.INFO, in their order.

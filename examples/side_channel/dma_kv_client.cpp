@@ -1,15 +1,15 @@
-// dma-kv-client: the side channel's client. Each RESP connection owns one registered bounce
-// buffer, exposed through the process's one dma::Target; DMA.SET and DMA.GET name that buffer and
-// the server reads or writes it. See docs/side-channel.md.
+// dma-kv-client: the side channel's client, on the library's dma::kv::Client. Each connection owns
+// one registered bounce buffer, exposed through the process's one dma::Target; DMA.SET and DMA.GET
+// name that buffer and the server reads or writes it. See docs/side-channel.md.
 //   dma-kv-client --port P set KEY (--file F | --size N)
 //   dma-kv-client --port P get KEY [--out F]
 //   dma-kv-client --port P info
 //   dma-kv-client --port P bench --clients N --sizes 4096,1M --ratio 1:1 --duration 5 [--json]
 #include <dma/dma.hpp>
+#include <dma/kv/client.hpp>
 #include <dma/kv/protocol.hpp>
 #include <dma/kv/resp.hpp>
 
-#include "notification_router.hpp"
 #include "pattern.hpp"
 
 #include <fcntl.h>
@@ -54,7 +54,8 @@ struct Failure : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// One RESP connection. A reply views the connection's buffer until the next command.
+// One plain RESP connection, for the inline arms of bench (SET and GET against this server and
+// redis-server). A reply views the connection's buffer until the next command.
 class RespConnection {
  public:
   RespConnection(tcp::socket socket, std::size_t max_bulk) : socket_(std::move(socket)) {
@@ -172,102 +173,72 @@ dma::Configuration fabric_configuration(const Common& common) {
   return configuration;
 }
 
-// How long a DMA.GET waits for its notification once the server's reply is in. The write has
-// completed at the server by then, so only a notification that will never come waits this long.
-constexpr auto notification_bound = std::chrono::seconds(30);
+// The longest a command may take (the Target's notification of a DMA.GET included): only a
+// server that stopped answering reaches it.
+constexpr auto command_deadline = std::chrono::seconds(60);
 
-// A RESP connection with its bounce buffer exposed on the shared target, whose notifications
-// `router` routes.
+// A command's (error, result) as a coroutine awaits it; an error throws with the client's words.
+constexpr auto with_error = dma::compat::as_tuple(asio::use_awaitable);
+
+template <typename Result>
+Result checked(std::tuple<std::error_code, Result> outcome) {
+  auto& [ec, result] = outcome;
+  if (ec) throw Failure(result.detail.empty() ? ec.message() : result.detail);
+  return std::move(result);
+}
+
+// One dma::kv::Client with its bounce buffer exposed once on the shared Target: every DMA.SET and
+// DMA.GET of the connection names a part of that buffer, so no command registers memory.
 class SideChannel {
  public:
-  static asio::awaitable<std::unique_ptr<SideChannel>> open(const Common& common, dma::Target& target,
-                                                            kv::NotificationRouter& router, std::size_t capacity) {
-    auto channel = std::unique_ptr<SideChannel>(new SideChannel(
-        co_await RespConnection::connect(common.host, common.port, 64 * 1024), std::max<std::size_t>(capacity, 1)));
-    channel->router_ = &router;
-    channel->region_ = target.expose(channel->buffer_);
-    const auto arguments = dma::kv::hello_arguments(target.local_address());
-    const auto hello = dma::kv::read_hello_reply(co_await channel->resp_.command(arguments));
-    if (!hello.error.empty()) throw Failure("DMA.HELLO: " + hello.error);
-    const auto server_address = dma::decode_hex(hello.reply.server_address_hex);
-    channel->client_id_ = hello.reply.client_id;
-    channel->confirmation_ = hello.reply.confirmation;
-    // The token names this client on any connection to that server (CLIENT <token>): a server that
-    // sends none binds the HELLO to this connection alone.
-    channel->token_ = hello.reply.token;
-    if (common.efa) target.insert_initiator(server_address);  // efa-direct: the server must be known first
+  static asio::awaitable<std::unique_ptr<SideChannel>> open(const Common& common, dma::kv::ClientTarget& shared,
+                                                            std::size_t capacity, bool verify_gets) {
+    dma::kv::ClientOptions options;
+    options.deadline = command_deadline;
+    options.verify_gets = verify_gets;
+    auto channel = std::unique_ptr<SideChannel>(
+        new SideChannel(co_await asio::this_coro::executor, shared, options, std::max<std::size_t>(capacity, 1)));
+    const auto [ec] = co_await channel->client_.async_connect(common.host, common.port, with_error);
+    if (ec) throw std::system_error(ec);
+    channel->region_ = shared.target().expose(channel->buffer_);
+    checked(co_await channel->client_.async_hello(with_error));
     co_return channel;
   }
 
   std::span<std::byte> buffer() noexcept { return buffer_; }
-  std::uint64_t client_id() const noexcept { return client_id_; }
-  dma::kv::Confirmation confirmation() const noexcept { return confirmation_; }
+  dma::kv::Confirmation confirmation() const { return client_.hello()->confirmation; }
 
   /// DMA.SET of the first `length` bytes of the buffer.
   asio::awaitable<void> set(std::string_view key, std::size_t length) {
-    const auto crc = dma::checksum(std::span<const std::byte>(buffer_).first(length));
-    const auto& a = region_.advertisement();
-    const auto arguments = dma::kv::set_arguments(key, {a.remote_key, a.remote_address, length}, crc, token_);
-    const auto reply = co_await resp_.command(arguments);
-    expect_ok(reply, "DMA.SET");
+    checked(co_await client_.async_set(key, region_, std::span<const std::byte>(buffer_).first(length), with_error));
   }
 
   /// DMA.GET into the buffer; returns, once the bytes are in the buffer, the value's length and the
-  /// server's CRC-32C of it. Under notification confirmation the command carries a token, and the
-  /// bytes are there once the Target's notification with that token has arrived.
+  /// server's CRC-32C of it.
   asio::awaitable<std::pair<std::size_t, std::uint32_t>> get(std::string_view key) {
-    const auto& a = region_.advertisement();
-    std::optional<PendingToken> token;
-    if (confirmation_ == dma::kv::Confirmation::notification) token.emplace(*router_);
-    const auto arguments =
-        dma::kv::get_arguments(key, {a.remote_key, a.remote_address, buffer_.size()},
-                               token ? std::optional<std::uint32_t>(token->value) : std::nullopt, token_);
-    const auto reply = dma::kv::read_get_reply(co_await resp_.command(arguments));
-    if (!reply.error.empty()) throw Failure("DMA.GET: " + reply.error);
-    const auto length = static_cast<std::size_t>(reply.length);
-    const auto crc = reply.crc;
-    if (length > buffer_.size()) throw Failure("DMA.GET: the server reports more bytes than the buffer holds");
-    if (token && length > 0) {  // an empty value is not written, so nothing notifies
-      try {
-        co_await router_->wait(token->value, notification_bound);
-      } catch (const kv::NotificationRouter::Missing& missing) {
-        throw Failure("DMA.GET: " + std::string(missing.what()));
-      }
-    }
-    co_return std::pair{length, crc};
+    const auto result = checked(co_await client_.async_get(key, region_, buffer_, with_error));
+    co_return std::pair{static_cast<std::size_t>(result.length), result.crc};
   }
 
  private:
-  // A token from the router, forgotten again however the DMA.GET ends.
-  struct PendingToken {
-    explicit PendingToken(kv::NotificationRouter& r) : router(r), value(r.issue()) {}
-    ~PendingToken() { router.forget(value); }
-    PendingToken(const PendingToken&) = delete;
-    PendingToken& operator=(const PendingToken&) = delete;
-    kv::NotificationRouter& router;
-    const std::uint32_t value;
-  };
+  SideChannel(const asio::any_io_executor& executor, dma::kv::ClientTarget& shared,
+              const dma::kv::ClientOptions& options, std::size_t capacity)
+      : client_(executor, shared, options), buffer_(capacity) {}
 
-  SideChannel(RespConnection resp, std::size_t capacity) : resp_(std::move(resp)), buffer_(capacity) {}
-
-  RespConnection resp_;
+  dma::kv::Client client_;
   std::vector<std::byte> buffer_;
   dma::Target::Region region_;
-  kv::NotificationRouter* router_ = nullptr;
-  std::uint64_t client_id_ = 0;
-  std::string token_;  ///< DMA.HELLO's client token; empty from a server that gives none
-
-  dma::kv::Confirmation confirmation_ = dma::kv::Confirmation::reply;
 };
 
-// Runs body on a fresh io_context with a Target (and its router) on it; rethrows what body throws.
+// Runs body on a fresh io_context with a Target (shared by the body's clients) on it; rethrows what
+// body throws. The Target's progress and the clients share the one thread.
 template <typename Body>
 void run_with_target(const Common& common, Body body) {
   asio::io_context io;
   dma::Target target(io, fabric_configuration(common));
-  kv::NotificationRouter router(target);
+  dma::kv::ClientTarget shared(target);
   std::exception_ptr failure;
-  asio::co_spawn(io, body(target, router), [&](std::exception_ptr e) {
+  asio::co_spawn(io, body(shared), [&](std::exception_ptr e) {
     failure = e;
     io.stop();  // the target's progress keeps the context busy
   });
@@ -294,8 +265,8 @@ int command_set(const Common& common, const std::string& key, const std::optiona
     const auto bytes = pattern.value(kv::seed_of(key), *size);
     value.assign(bytes.begin(), bytes.end());
   }
-  run_with_target(common, [&](dma::Target& target, kv::NotificationRouter& router) -> asio::awaitable<void> {
-    auto channel = co_await SideChannel::open(common, target, router, value.size());
+  run_with_target(common, [&](dma::kv::ClientTarget& shared) -> asio::awaitable<void> {
+    auto channel = co_await SideChannel::open(common, shared, value.size(), true);
     std::copy(value.begin(), value.end(), channel->buffer().begin());
     co_await channel->set(key, value.size());
   });
@@ -307,8 +278,9 @@ int command_get(const Common& common, const std::string& key, const std::optiona
                 std::size_t capacity) {
   std::vector<std::byte> value;
   std::uint32_t server_crc = 0;
-  run_with_target(common, [&](dma::Target& target, kv::NotificationRouter& router) -> asio::awaitable<void> {
-    auto channel = co_await SideChannel::open(common, target, router, capacity);
+  // The CRC is checked below, so that a mismatch names the server's.
+  run_with_target(common, [&](dma::kv::ClientTarget& shared) -> asio::awaitable<void> {
+    auto channel = co_await SideChannel::open(common, shared, capacity, false);
     const auto [length, crc] = co_await channel->get(key);
     value.assign(channel->buffer().begin(), channel->buffer().begin() + static_cast<std::ptrdiff_t>(length));
     server_crc = crc;
@@ -333,13 +305,14 @@ int command_get(const Common& common, const std::string& key, const std::optiona
 
 int command_info(const Common& common) {
   asio::io_context io;
+  dma::kv::Client client(io.get_executor());  // DMA.INFO needs no Target
   std::string text;
   asio::co_spawn(
       io,
       [&]() -> asio::awaitable<void> {
-        auto resp = co_await RespConnection::connect(common.host, common.port, 1 << 20);
-        const std::vector<std::string> arguments{"DMA.INFO"};
-        text = reply_text(co_await resp.command(arguments));
+        const auto [ec] = co_await client.async_connect(common.host, common.port, with_error);
+        if (ec) throw std::system_error(ec);
+        text = checked(co_await client.async_info(with_error)).text;
       },
       [](std::exception_ptr e) {
         if (e) std::rethrow_exception(e);
@@ -463,27 +436,26 @@ class Bench {
     result.arm = arm;
     asio::io_context io;
     std::optional<dma::Target> target;
-    std::optional<kv::NotificationRouter> router;  // one for every client: they share the Target
+    std::optional<dma::kv::ClientTarget> shared;  // one for every client: they share the Target
     if (arm == Arm::dma) {
       target.emplace(io, fabric_configuration(common_));
-      router.emplace(*target);
+      shared.emplace(*target);
     }
     unsigned running = options_.clients;
     const auto start = Clock::now();
     deadline_ = start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(options_.duration));
     for (unsigned i = 0; i < options_.clients; ++i) {
-      asio::co_spawn(io, client(arm, port, target ? &*target : nullptr, router ? &*router : nullptr, i, result),
-                     [&](std::exception_ptr e) {
-                       if (e) {
-                         ++result.errors;
-                         try {
-                           std::rethrow_exception(e);
-                         } catch (const std::exception& error) {
-                           if (result.first_error.empty()) result.first_error = error.what();
-                         }
-                       }
-                       if (--running == 0) io.stop();
-                     });
+      asio::co_spawn(io, client(arm, port, shared ? &*shared : nullptr, i, result), [&](std::exception_ptr e) {
+        if (e) {
+          ++result.errors;
+          try {
+            std::rethrow_exception(e);
+          } catch (const std::exception& error) {
+            if (result.first_error.empty()) result.first_error = error.what();
+          }
+        }
+        if (--running == 0) io.stop();
+      });
     }
     io.run();
     result.seconds = std::chrono::duration<double>(Clock::now() - start).count();
@@ -504,15 +476,15 @@ class Bench {
 
   bool more(std::size_t done) const { return options_.ops > 0 ? done < options_.ops : Clock::now() < deadline_; }
 
-  asio::awaitable<void> client(Arm arm, std::uint16_t port, dma::Target* target, kv::NotificationRouter* router,
-                               unsigned index, ArmResult& result) {
+  asio::awaitable<void> client(Arm arm, std::uint16_t port, dma::kv::ClientTarget* shared, unsigned index,
+                               ArmResult& result) {
     std::mt19937_64 rng(options_.seed * 1000003 + index);
     std::unique_ptr<SideChannel> channel;
     std::optional<RespConnection> resp;
     if (arm == Arm::dma) {
       Common common = common_;
       common.port = port;
-      channel = co_await SideChannel::open(common, *target, *router, max_size_);
+      channel = co_await SideChannel::open(common, *shared, max_size_, false);  // the bytes are compared below
     } else {
       resp.emplace(co_await RespConnection::connect(common_.host, port, max_size_));
     }

@@ -333,6 +333,7 @@ struct Client::Impl : std::enable_shared_from_this<Impl> {
     resolver.cancel();
     timer.cancel();
     timer_armed = false;
+    reading = false;
     out.clear();
     begin = end = 0;
     auto sent = std::move(replies);
@@ -377,7 +378,6 @@ struct Client::Impl : std::enable_shared_from_this<Impl> {
             }
             self->open.store(true, std::memory_order_relaxed);
             self->last_close.clear();
-            self->read_more();
             complete(*shared, {}, detail::NoResult{});
           });
         });
@@ -398,6 +398,7 @@ struct Client::Impl : std::enable_shared_from_this<Impl> {
     resp::encode_command(out, views);
     replies.push_back(std::move(command));
     write_more();
+    if (!reading) read_more();
   }
 
   void write_more() {
@@ -416,14 +417,19 @@ struct Client::Impl : std::enable_shared_from_this<Impl> {
 
   // ---- receiving ------------------------------------------------------------------------------
 
+  // Reads while replies are due: an idle client keeps no operation outstanding, so an io_context
+  // with nothing else to do returns from run(). A server that closed meanwhile is found at the
+  // next command.
   void read_more() {
+    reading = true;
     if (end == in.size()) make_room(0);
     socket.async_read_some(asio::buffer(in.data() + end, in.size() - end),
                            [self = shared_from_this(), gen = generation](std::error_code ec, std::size_t n) {
                              if (gen != self->generation) return;
+                             self->reading = false;
                              if (ec) return self->lost(ec);
                              self->end += n;
-                             if (self->take_replies()) self->read_more();
+                             if (self->take_replies() && !self->replies.empty()) self->read_more();
                            });
   }
 
@@ -672,6 +678,7 @@ struct Client::Impl : std::enable_shared_from_this<Impl> {
   std::atomic<std::size_t> pending_count{0};
   std::string out, writing;
   bool writing_now = false;
+  bool reading = false;  ///< a read is outstanding on this connection
   std::vector<char> in;
   std::size_t begin = 0, end = 0;
   resp::Reply reply;

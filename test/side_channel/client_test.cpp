@@ -95,13 +95,13 @@ class ScriptedServer {
     std::error_code ignored;
     {
       std::lock_guard lock(mutex_);
-      if (socket_) socket_->shutdown(asio::ip::tcp::socket::shutdown_both, ignored);
+      if (socket_) socket_->shutdown(asio::ip::tcp::socket::shutdown_both, ignored);  // ends a read
     }
-    acceptor_.close(ignored);
-    // Wake a blocked accept.
+    // Ends a blocked accept; the acceptor closes only once the thread is done with it.
     asio::ip::tcp::socket poke(io_);
     poke.connect(asio::ip::tcp::endpoint(asio::ip::make_address("127.0.0.1"), port_), ignored);
     thread_.join();
+    acceptor_.close(ignored);
   }
   std::uint16_t port() const { return port_; }
   std::size_t requests() const { return requests_.load(); }

@@ -167,7 +167,7 @@ struct NoResult {};
 template <typename Result>
 struct Completion {
   using result_type = Result;
-  /// Frees the completion, then runs its handler with (ec[, result]) through its executor.
+  /// Frees the completion, then posts its handler with (ec[, result]) to its executor.
   void (*complete)(Completion* self, std::error_code ec, Result&& result) = nullptr;
   /// Frees the completion without running its handler.
   void (*destroy)(Completion* self) noexcept = nullptr;
@@ -229,10 +229,12 @@ struct CompletionFor final : Completion<Result> {
     Handler handler(std::move(c->handler));
     WorkExecutor executor(std::move(c->work));
     free(c);
+    // Posted: a handler never runs inside the client's own work, so it may call the client (or
+    // destroy it) freely.
     if constexpr (std::is_same_v<Result, NoResult>) {
-      dma::detail::dispatch_with_allocator(std::move(executor), std::move(handler), ec);
+      dma::detail::post_with_allocator(std::move(executor), std::move(handler), ec);
     } else {
-      dma::detail::dispatch_with_allocator(std::move(executor), std::move(handler), ec, std::move(result));
+      dma::detail::post_with_allocator(std::move(executor), std::move(handler), ec, std::move(result));
     }
   }
 

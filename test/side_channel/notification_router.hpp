@@ -1,4 +1,4 @@
-// The client's side of notification confirmation (confirmation.hpp): one Target's write
+// The test's side of notification confirmation for hand-made DMA.GETs: one Target's write
 // notifications, matched by value to the DMA.GETs that wait for them. Every connection of a
 // process shares the one Target, so each DMA.GET carries a token that no other pending one holds.
 #pragma once

@@ -40,7 +40,7 @@ class DMA_EXPORT TargetThread {
   static std::unique_ptr<TargetThread> start(const Configuration& configuration, const Options& options,
                                              std::error_code& ec, std::string* detail = nullptr);
 
-  /// Stops progress and joins the thread (stop()), then closes the Target.
+  /// Stops progress and joins the thread (pause()), then closes the Target.
   ~TargetThread();
   TargetThread(const TargetThread&) = delete;
   TargetThread& operator=(const TargetThread&) = delete;
@@ -49,11 +49,14 @@ class DMA_EXPORT TargetThread {
   Target& target() noexcept;
   /// As target().expose(buffer, access).
   Target::Region expose(std::span<std::byte> buffer, Target::Access access = Target::Access::read_write);
-  /// The thread's kernel id (for /proc/self/task/<tid>/...).
+  /// The thread's kernel id (for /proc/self/task/<tid>/...); 0 while paused.
   pid_t thread_id() const noexcept;
-  /// Stops progress and joins the thread; waiters on the Target stay pending until it is
-  /// destroyed. Idempotent; not from the thread itself.
-  void stop();
+  /// Stops driving progress and joins the thread: a peer's transfers to the Target stay in flight
+  /// (over tcp) until resume(), as with a peer that froze. Idempotent; not from the thread itself.
+  void pause();
+  /// Starts driving progress again on a new thread of the same name and CPU. Idempotent. Throws
+  /// std::system_error as start() does.
+  void resume();
 
  private:
   struct State;

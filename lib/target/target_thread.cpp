@@ -43,7 +43,43 @@ struct TargetThread::State {
   std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work;
   std::thread thread;
   std::atomic<pid_t> tid{0};
-  std::mutex stop_mutex;
+  std::mutex mutex;  ///< pause() and resume()
+  int cpu = -1;
+  std::string name;
+
+  // Starts the thread and returns once it runs, or rethrows why it could not bind to its CPU.
+  void run() {
+    std::mutex started_mutex;
+    std::condition_variable ready;
+    bool started = false;
+    std::exception_ptr failure;
+    io.restart();
+    thread = std::thread([this, &started_mutex, &ready, &started, &failure] {
+      pthread_setname_np(pthread_self(), name.c_str());
+      std::exception_ptr bound;
+      try {
+        bind_to(cpu);
+      } catch (...) {
+        bound = std::current_exception();
+      }
+      if (!bound) tid = gettid();
+      {
+        std::lock_guard lock(started_mutex);
+        failure = bound;
+        started = true;
+        ready.notify_one();
+      }
+      if (!bound) io.run();
+    });
+    {
+      std::unique_lock lock(started_mutex);
+      ready.wait(lock, [&] { return started; });
+    }
+    if (failure) {
+      thread.join();
+      std::rethrow_exception(failure);
+    }
+  }
 };
 
 TargetThread::TargetThread(std::unique_ptr<State> state) : state_(std::move(state)) {}
@@ -56,44 +92,15 @@ std::unique_ptr<TargetThread> TargetThread::start(const Configuration& configura
   auto state = std::make_unique<State>();
   state->target.emplace(state->io, configuration);
   state->work.emplace(state->io.get_executor());
-  std::string name = options.name;
-  if (name.empty()) {
+  state->cpu = options.cpu;
+  state->name = options.name;
+  if (state->name.empty()) {
     char text[16];
     std::snprintf(text, sizeof text, "target-%02u", target_thread_counter.fetch_add(1) % 100);
-    name = text;
+    state->name = text;
   }
-  name.resize(std::min<std::size_t>(name.size(), 15));
-  // The thread binds itself, so a CPU it cannot have is reported here, before start() returns.
-  std::mutex mutex;
-  std::condition_variable ready;
-  bool started = false;
-  std::exception_ptr failure;
-  State* s = state.get();
-  state->thread = std::thread([s, &mutex, &ready, &started, &failure, cpu = options.cpu, name] {
-    pthread_setname_np(pthread_self(), name.c_str());
-    try {
-      bind_to(cpu);
-    } catch (...) {
-      std::lock_guard lock(mutex);
-      failure = std::current_exception();
-    }
-    const bool run = failure == nullptr;
-    s->tid = gettid();
-    {
-      std::lock_guard lock(mutex);
-      started = true;
-      ready.notify_one();
-    }
-    if (run) s->io.run();
-  });
-  {
-    std::unique_lock lock(mutex);
-    ready.wait(lock, [&] { return started; });
-  }
-  if (failure) {
-    state->thread.join();
-    std::rethrow_exception(failure);
-  }
+  state->name.resize(std::min<std::size_t>(state->name.size(), 15));
+  state->run();
   return std::unique_ptr<TargetThread>(new TargetThread(std::move(state)));
 }
 
@@ -113,16 +120,22 @@ std::unique_ptr<TargetThread> TargetThread::start(const Configuration& configura
 }
 
 TargetThread::~TargetThread() {
-  stop();
+  pause();
   state_->target.reset();
 }
 
-void TargetThread::stop() {
-  std::lock_guard lock(state_->stop_mutex);
+void TargetThread::pause() {
+  std::lock_guard lock(state_->mutex);
   if (!state_->thread.joinable()) return;
-  state_->work.reset();
   state_->io.stop();  // the Target's progress never runs out of work by itself
   state_->thread.join();
+  state_->tid = 0;
+}
+
+void TargetThread::resume() {
+  std::lock_guard lock(state_->mutex);
+  if (state_->thread.joinable()) return;
+  state_->run();
 }
 
 Target& TargetThread::target() noexcept { return *state_->target; }

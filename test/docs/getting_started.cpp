@@ -5,7 +5,6 @@
 
 #include <cstdio>
 #include <exception>
-#include <thread>
 #include <vector>
 
 using Bytes = std::vector<std::uint8_t>;
@@ -35,12 +34,10 @@ int main() {
   dma::Configuration configuration;
   configuration.bind = "127.0.0.1";  // tcp on this machine
 
-  // The peer. Normally another process; here a Target progressed by its own thread.
-  asio::io_context target_io;
-  dma::Target target(target_io, configuration);
+  // The peer. Normally another process; here a Target progressed by a thread of its own.
+  auto target = dma::TargetThread::start(configuration);
   std::vector<std::byte> buffer(1 << 20);
-  dma::Target::Region region = target.expose(buffer);
-  std::thread target_thread([&] { target_io.run(); });
+  dma::Target::Region region = target->expose(buffer);
   const std::string text = region.advertisement().to_string();  // what travels over your channel
 
   // The server.
@@ -53,8 +50,5 @@ int main() {
     ok = result;
   });
   io.run();
-
-  target_io.stop();
-  target_thread.join();
   return ok ? 0 : 1;
 }

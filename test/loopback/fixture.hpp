@@ -1,4 +1,4 @@
-// A Target on its own thread and helpers to drive a service's io_context with a time bound.
+// A passive peer with one buffer (a dma::TargetThread) and helpers to drive a service's io_context with a time bound.
 #pragma once
 
 #include "../catch.hpp"
@@ -48,27 +48,15 @@ class RemoteBuffer {
   RemoteBuffer(std::size_t size, dma::WaitMode target_wait)
       : RemoteBuffer(size, std::byte{0}, with_wait(target_wait)) {}
   RemoteBuffer(std::size_t size, std::byte fill, const dma::Configuration& configuration)
-      : target_(io_, configuration), work_(asio::make_work_guard(io_)), memory_(size, fill) {
-    region_ = target_.expose(memory_);
-    resume();
-  }
-  ~RemoteBuffer() {
-    work_.reset();
-    pause();
+      : thread_(dma::TargetThread::start(configuration)), memory_(size, fill) {
+    region_ = thread_->expose(memory_);
   }
   /// Stops driving the target's progress: transfers to it stay in flight until resume().
-  void pause() {
-    io_.stop();
-    if (thread_.joinable()) thread_.join();
-  }
-  void resume() {
-    if (thread_.joinable()) return;
-    io_.restart();
-    thread_ = std::thread([this] { io_.run(); });
-  }
+  void pause() { thread_->pause(); }
+  void resume() { thread_->resume(); }
   const dma::Advertisement& advertisement() const { return region_.advertisement(); }
   std::vector<std::byte>& memory() { return memory_; }
-  dma::Target& target() { return target_; }
+  dma::Target& target() { return thread_->target(); }
 
   template <typename Context>
   dma::TransferRequest<Context> request(dma::Direction direction, Context context, std::size_t length = 0,
@@ -88,12 +76,9 @@ class RemoteBuffer {
     c.wait_mode = mode;
     return c;
   }
-  asio::io_context io_;
-  dma::Target target_;
-  asio::executor_work_guard<asio::io_context::executor_type> work_;
+  std::unique_ptr<dma::TargetThread> thread_;
   std::vector<std::byte> memory_;
   dma::Target::Region region_;
-  std::thread thread_;
 };
 
 /// A use_future token whose future holds the Completion whether the transfer succeeded or not

@@ -36,20 +36,14 @@ dma::Configuration shm_configuration(dma::WaitMode mode = dma::WaitMode::adaptiv
 // The child: one Target over shm with a buffer of `size` bytes filled with a pattern; prints its
 // advertisement, then a line with the first bytes of the buffer once its input closes.
 int serve(std::size_t size) {
-  asio::io_context io;
-  dma::Target target(io, shm_configuration());
+  auto target = dma::TargetThread::start(shm_configuration());
   std::vector<std::byte> memory = test::pattern(size, 9);
-  const auto region = target.expose(memory);
+  auto region = target->expose(memory);
   std::printf("advertisement: %s\n", region.advertisement().to_string().c_str());
   std::fflush(stdout);
-  std::thread progress([&] {
-    auto guard = asio::make_work_guard(io);
-    io.run_for(std::chrono::seconds(60));
-  });
   char line[64];
-  (void)std::fgets(line, sizeof line, stdin);  // the parent closes our input when it is done
-  io.stop();
-  progress.join();
+  (void)std::fgets(line, sizeof line, stdin);  // the parent closes our input when it is done (or dies)
+  target->pause();
   const auto written = test::pattern(size, 10);
   std::printf("%s\n", std::equal(written.begin(), written.end(), memory.begin()) ? "written" : "unchanged");
   return 0;

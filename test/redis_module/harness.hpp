@@ -11,8 +11,6 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 
-#include <asio/executor_work_guard.hpp>
-
 #include <cstring>
 #include <filesystem>
 #include <random>
@@ -161,25 +159,17 @@ inline std::string server_info(Resp& resp, const std::string& field) {
   return field_of(resp.command({"INFO"}).text, field);
 }
 
-// A peer in the test process with one buffer. Its progress runs only once resume() is called, so
-// a transfer to it stays in flight until then.
+// A peer in the test process with one buffer (a TargetThread). Made paused, its progress runs only
+// once resume() is called, so a transfer to it stays in flight until then.
 class Peer {
  public:
   explicit Peer(std::size_t size, bool running = true)
-      : target_(io_, loopback_configuration()), work_(asio::make_work_guard(io_)), memory_(size) {
-    region_ = target_.expose(memory_);
-    if (running) resume();
+      : thread_(dma::TargetThread::start(loopback_configuration())), memory_(size) {
+    region_ = thread_->expose(memory_);
+    if (!running) thread_->pause();
   }
-  ~Peer() {
-    region_ = dma::Target::Region();
-    work_.reset();
-    io_.stop();
-    if (thread_.joinable()) thread_.join();
-  }
-  void resume() {
-    thread_ = std::thread([this] { io_.run(); });
-  }
-  std::string address_hex() const { return dma::encode_hex(target_.local_address()); }
+  void resume() { thread_->resume(); }
+  std::string address_hex() const { return dma::encode_hex(thread_->target().local_address()); }
   std::string rkey() const { return std::to_string(region_.advertisement().remote_key); }
   std::string offset() const { return std::to_string(region_.advertisement().remote_address); }
   std::span<std::byte> memory() { return memory_; }
@@ -188,12 +178,9 @@ class Peer {
   }
 
  private:
-  asio::io_context io_;
-  dma::Target target_;
-  asio::executor_work_guard<asio::io_context::executor_type> work_;
+  std::unique_ptr<dma::TargetThread> thread_;
   std::vector<std::byte> memory_;
   dma::Target::Region region_;
-  std::thread thread_;
 };
 
 inline std::string encode(const std::vector<std::string>& arguments) {

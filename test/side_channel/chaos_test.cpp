@@ -11,8 +11,6 @@
 #include <catch2/catch_session.hpp>
 #endif
 
-#include <asio/executor_work_guard.hpp>
-
 #include <map>
 
 using namespace side_channel_test;
@@ -26,19 +24,11 @@ bool skipped = false;
 // A passive fabric peer in the test process, with one buffer, progressed on its own thread.
 class Peer {
  public:
-  explicit Peer(std::size_t size)
-      : target_(io_, loopback_configuration()), work_(asio::make_work_guard(io_)), memory_(size) {
-    region_ = target_.expose(memory_);
-    thread_ = std::thread([this] { io_.run(); });
-  }
-  ~Peer() {
-    region_ = dma::Target::Region();
-    work_.reset();
-    io_.stop();
-    thread_.join();
+  explicit Peer(std::size_t size) : thread_(dma::TargetThread::start(loopback_configuration())), memory_(size) {
+    region_ = thread_->expose(memory_);
   }
   sockaddr_in address() const {
-    const auto bytes = target_.local_address();
+    const auto bytes = thread_->target().local_address();
     sockaddr_in in{};
     REQUIRE(bytes.size() == sizeof in);
     std::memcpy(&in, bytes.data(), sizeof in);
@@ -49,12 +39,9 @@ class Peer {
   std::span<std::byte> memory() { return memory_; }
 
  private:
-  asio::io_context io_;
-  dma::Target target_;
-  asio::executor_work_guard<asio::io_context::executor_type> work_;
+  std::unique_ptr<dma::TargetThread> thread_;
   std::vector<std::byte> memory_;
   dma::Target::Region region_;
-  std::thread thread_;
 };
 
 std::string hex_of(const sockaddr_in& in) {

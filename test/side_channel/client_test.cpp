@@ -682,7 +682,7 @@ TEST_CASE("CallbackClient: blocking and callback forms on a thread of its own", 
   CHECK(detail.find("127.0.0.1:1") != std::string::npos);
 }
 
-TEST_CASE("TargetThread: a Target progressed on its own thread, named and stoppable", "[client]") {
+TEST_CASE("TargetThread: a Target progressed on its own thread, named, paused and resumed", "[client]") {
   dma::TargetThread::Options options;
   options.name = "test-target";
   auto thread = dma::TargetThread::start(loopback_configuration(), options);
@@ -694,8 +694,11 @@ TEST_CASE("TargetThread: a Target progressed on its own thread, named and stoppa
   std::vector<std::byte> memory(4096);
   auto region = thread->expose(memory);
   CHECK(!region.advertisement().to_string().empty());
-  thread->stop();
-  thread->stop();  // idempotent
+  thread->pause();
+  thread->pause();  // idempotent
+  CHECK(thread->thread_id() == 0);
+  thread->resume();
+  CHECK(thread->thread_id() > 0);
   std::error_code ec;
   std::string detail;
   options.cpu = 1 << 20;

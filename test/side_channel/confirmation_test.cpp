@@ -7,7 +7,6 @@
 #include "process.hpp"
 
 #include <asio/co_spawn.hpp>
-#include <asio/executor_work_guard.hpp>
 #include <asio/use_future.hpp>
 
 #include <cstring>
@@ -20,22 +19,15 @@ namespace {
 // matches to tokens; connections expose their buffers on it.
 class SharedTarget {
  public:
-  SharedTarget() : target_(io_, loopback_configuration()), router_(target_), work_(asio::make_work_guard(io_)) {
-    thread_ = std::thread([this] { io_.run(); });
-  }
-  ~SharedTarget() {
-    work_.reset();
-    io_.stop();
-    thread_.join();
-  }
-  std::string address_hex() const { return dma::encode_hex(target_.local_address()); }
-  dma::Target::Region expose(std::span<std::byte> buffer) { return target_.expose(buffer); }
+  SharedTarget() : thread_(dma::TargetThread::start(loopback_configuration())), router_(thread_->target()) {}
+  std::string address_hex() const { return dma::encode_hex(thread_->target().local_address()); }
+  dma::Target::Region expose(std::span<std::byte> buffer) { return thread_->expose(buffer); }
   kv::NotificationRouter& router() { return router_; }
 
   /// Waits for each token's notification, in the order given; fails the test on any that is missing.
   void wait_all(const std::vector<std::uint32_t>& tokens) {
     auto done = asio::co_spawn(
-        io_,
+        thread_->target().get_executor(),
         [&]() -> asio::awaitable<void> {
           for (const auto token : tokens)
             co_await router_.wait(token, 20s);
@@ -49,11 +41,8 @@ class SharedTarget {
   }
 
  private:
-  asio::io_context io_;
-  dma::Target target_;
+  std::unique_ptr<dma::TargetThread> thread_;
   kv::NotificationRouter router_;
-  asio::executor_work_guard<asio::io_context::executor_type> work_;
-  std::thread thread_;
 };
 
 // A DMA.HELLO reply's confirmation, or "" when it names none.

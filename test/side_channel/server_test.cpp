@@ -4,8 +4,6 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 
-#include <asio/executor_work_guard.hpp>
-
 #include <cstring>
 
 using namespace side_channel_test;
@@ -15,28 +13,17 @@ namespace {
 // A passive peer in the test process, with one buffer, progressed on its own thread.
 class Peer {
  public:
-  explicit Peer(std::size_t size)
-      : target_(io_, loopback_configuration()), work_(asio::make_work_guard(io_)), memory_(size) {
-    region_ = target_.expose(memory_);
-    thread_ = std::thread([this] { io_.run(); });
+  explicit Peer(std::size_t size) : thread_(dma::TargetThread::start(loopback_configuration())), memory_(size) {
+    region_ = thread_->expose(memory_);
   }
-  ~Peer() {
-    region_ = dma::Target::Region();
-    work_.reset();
-    io_.stop();
-    thread_.join();
-  }
-  std::string address_hex() const { return dma::encode_hex(target_.local_address()); }
+  std::string address_hex() const { return dma::encode_hex(thread_->target().local_address()); }
   const dma::Advertisement& advertisement() const { return region_.advertisement(); }
   std::span<std::byte> memory() { return memory_; }
 
  private:
-  asio::io_context io_;
-  dma::Target target_;
-  asio::executor_work_guard<asio::io_context::executor_type> work_;
+  std::unique_ptr<dma::TargetThread> thread_;
   std::vector<std::byte> memory_;
   dma::Target::Region region_;
-  std::thread thread_;
 };
 
 // The hex of a sockaddr_in naming ip:port, as a tcp fabric address.

@@ -71,38 +71,21 @@ void pin_to(int cpu) {
   }
 }
 
-std::thread start_progress_thread(asio::io_context& io, int cpu, std::atomic<pid_t>& tid) {
-  std::thread thread([&io, &tid, cpu] {
-    pin_to(cpu);
-    tid = gettid();
-    io.run();
-  });
-  while (tid.load() == 0)
-    std::this_thread::yield();
-  return thread;
-}
-
 int serve(const dma::Configuration& base, const std::string& bind, std::size_t region_size, Wait wait, int cpu) {
   pin_to(cpu);
-  asio::io_context io;
-  dma::Target target(io, target_configuration(base, bind, wait));
+  // The progress thread inherits the process's CPU.
+  auto target = dma::TargetThread::start(target_configuration(base, bind, wait));
   std::vector<std::byte> region(region_size, std::byte{0x5a});
-  auto exposed = target.expose(region);
-  auto work = asio::make_work_guard(io);
-  std::atomic<pid_t> progress_tid{0};
-  std::thread progress = start_progress_thread(io, -1, progress_tid);  // the process is pinned already
+  auto exposed = target->expose(region);
   std::printf("advertisement: %s\n", exposed.advertisement().to_string().c_str());
   std::fflush(stdout);
   std::string line;
   while (std::getline(std::cin, line)) {
     if (line == "usage") {
-      std::printf("usage %.6f %" PRIu64 "\n", cpu_seconds(), voluntary_switches(progress_tid.load()));
+      std::printf("usage %.6f %" PRIu64 "\n", cpu_seconds(), voluntary_switches(target->thread_id()));
     }
     std::fflush(stdout);
   }
-  work.reset();
-  io.stop();
-  progress.join();
   return 0;
 }
 
@@ -135,17 +118,9 @@ TargetUsage ChildTarget::usage() {
 
 InProcessTarget::InProcessTarget(const dma::Configuration& base, const std::string& bind, std::size_t region_size,
                                  Wait wait, int cpu)
-    : target_(io_, target_configuration(base, bind, wait)),
-      region_(region_size, std::byte{0x5a}),
-      work_(asio::make_work_guard(io_)) {
-  exposed_ = target_.expose(region_);
-  thread_ = start_progress_thread(io_, cpu, tid_);
-}
-
-InProcessTarget::~InProcessTarget() {
-  work_.reset();
-  io_.stop();
-  thread_.join();
+    : target_(dma::TargetThread::start(target_configuration(base, bind, wait), {cpu, "target"})),
+      region_(region_size, std::byte{0x5a}) {
+  exposed_ = target_->expose(region_);
 }
 
 }  // namespace bench

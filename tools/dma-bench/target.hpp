@@ -7,8 +7,6 @@
 
 #include <dma/dma.hpp>
 
-#include <asio/io_context.hpp>
-
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -27,10 +25,6 @@ std::uint64_t voluntary_switches(pid_t tid);
 
 /// Binds the calling thread, and every thread it starts afterwards, to one CPU (-1: leave as is).
 void pin_to(int cpu);
-
-/// Runs io on a new thread bound to cpu (-1: anywhere) and returns once the thread has stored its
-/// id in tid, so that voluntary_switches(tid) answers from the first query on.
-std::thread start_progress_thread(asio::io_context& io, int cpu, std::atomic<pid_t>& tid);
 
 /// `--serve`: expose a region, print its advertisement, answer "usage" with this process's CPU
 /// time and how often its progress thread slept, exit on end of input.
@@ -68,19 +62,14 @@ class ChildTarget final : public Target {
 class InProcessTarget final : public Target {
  public:
   InProcessTarget(const dma::Configuration& base, const std::string& bind, std::size_t region_size, Wait wait, int cpu);
-  ~InProcessTarget() override;
   const dma::Advertisement& advertisement() const override { return exposed_.advertisement(); }
-  TargetUsage usage() override { return {0, voluntary_switches(tid_.load())}; }
+  TargetUsage usage() override { return {0, voluntary_switches(target_->thread_id())}; }
   bool is_child() const override { return false; }
 
  private:
-  asio::io_context io_;
-  dma::Target target_;
+  std::unique_ptr<dma::TargetThread> target_;
   std::vector<std::byte> region_;
   dma::Target::Region exposed_;
-  asio::executor_work_guard<asio::io_context::executor_type> work_;
-  std::atomic<pid_t> tid_{0};
-  std::thread thread_;
 };
 
 }  // namespace bench

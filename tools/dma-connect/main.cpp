@@ -61,24 +61,15 @@ struct Trial {
 class Peer {
  public:
   Peer(const dma::Configuration& configuration, std::size_t size)
-      : target_(io_, configuration), work_(asio::make_work_guard(io_)), memory_(size) {
-    region_ = target_.expose(memory_);
-    thread_ = std::thread([this] { io_.run(); });
-  }
-  ~Peer() {
-    work_.reset();
-    io_.stop();
-    thread_.join();
+      : thread_(dma::TargetThread::start(configuration)), memory_(size) {
+    region_ = thread_->expose(memory_);
   }
   const dma::Advertisement& advertisement() const { return region_.advertisement(); }
 
  private:
-  asio::io_context io_;
-  dma::Target target_;
-  asio::executor_work_guard<asio::io_context::executor_type> work_;
+  std::unique_ptr<dma::TargetThread> thread_;
   std::vector<std::byte> memory_;
   dma::Target::Region region_;
-  std::thread thread_;
 };
 
 asio::awaitable<Trial> trial(Service& service, const Options& o, const dma::Configuration& configuration,

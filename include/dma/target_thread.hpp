@@ -49,7 +49,7 @@ class DMA_EXPORT TargetThread {
   Target& target() noexcept;
   /// As target().expose(buffer, access).
   Target::Region expose(std::span<std::byte> buffer, Target::Access access = Target::Access::read_write);
-  /// The thread's kernel id (for /proc/self/task/<tid>/...); 0 while paused.
+  /// The thread's kernel id, as /proc/self/task/ names it; 0 while paused.
   pid_t thread_id() const noexcept;
   /// Stops driving progress and joins the thread: a peer's transfers to the Target stay in flight
   /// (over tcp) until resume(), as with a peer that froze. Idempotent; not from the thread itself.

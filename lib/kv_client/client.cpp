@@ -255,6 +255,32 @@ struct Pending {
 
 }  // namespace
 
+namespace {
+
+// Where `bytes` lie in `region`'s remote view, or an error text.
+std::string window_in(const Target::Region& region, std::span<const std::byte> bytes, Window& window) {
+  const auto all = region.bytes();
+  const auto* first = reinterpret_cast<const std::byte*>(all.data());
+  if (!region) return "the region is empty";
+  if (bytes.data() < first || bytes.data() + bytes.size() > first + all.size()) {
+    return "the bytes (" + std::to_string(bytes.size()) + ") do not lie inside the region (" +
+           std::to_string(all.size()) + " bytes)";
+  }
+  const auto& advertisement = region.advertisement();
+  window.rkey = advertisement.remote_key;
+  window.address = advertisement.remote_address + static_cast<std::uint64_t>(bytes.data() - first);
+  window.length = bytes.size();
+  return {};
+}
+
+// Why a data command cannot be sent, or nothing.
+struct Refusal {
+  client_error error{};
+  std::string detail;
+};
+
+}  // namespace
+
 struct Client::Impl : std::enable_shared_from_this<Impl> {
   Impl(const executor_type& executor, std::shared_ptr<ClientTarget::State> t, const ClientOptions& o)
       : strand(asio::make_strand(executor)),
@@ -315,6 +341,9 @@ struct Client::Impl : std::enable_shared_from_this<Impl> {
     r.detail = std::move(detail);
     complete(c, e, std::move(r));
   }
+
+  std::optional<Refusal> prepare(Pending& command, std::span<std::byte> bytes, const Target::Region* region,
+                                 Target::Access access, HelloReply& hello, Window& window);
 
   // ---- the connection ---------------------------------------------------------------------
 
@@ -462,6 +491,7 @@ struct Client::Impl : std::enable_shared_from_this<Impl> {
       answer(std::move(command), reply);  // views `in`: handled before the bytes are consumed
       if (gen != generation) return false;
       begin += parsed.consumed;
+      idle_timer();
     }
     begin = end = 0;
     return true;
@@ -566,6 +596,7 @@ struct Client::Impl : std::enable_shared_from_this<Impl> {
     if (it == notifications.end()) return;  // failed meanwhile
     std::unique_ptr<Pending> command = std::move(*it);
     notifications.erase(it);
+    idle_timer();
     command->token.reset();  // settled: nothing to forget
     if (!landed) {
       return fail(*command, client_error::notification_missing,
@@ -615,6 +646,13 @@ struct Client::Impl : std::enable_shared_from_this<Impl> {
       self->timer_armed = false;
       self->deadline_passed();
     });
+  }
+
+  // With nothing pending the deadline timer goes too: an idle client keeps no operation outstanding.
+  void idle_timer() {
+    if (!timer_armed || !replies.empty() || !notifications.empty()) return;
+    timer_armed = false;
+    timer.cancel();
   }
 
   void deadline_passed() {
@@ -733,109 +771,74 @@ void Client::start_hello(detail::CompletionPtr<HelloResult> completion) {
   });
 }
 
-namespace {
-
-// Where `bytes` lie in `region`'s remote view, or an error text.
-std::string window_in(const Target::Region& region, std::span<const std::byte> bytes, Window& window) {
-  const auto all = region.bytes();
-  const auto* first = reinterpret_cast<const std::byte*>(all.data());
-  if (!region) return "the region is empty";
-  if (bytes.data() < first || bytes.data() + bytes.size() > first + all.size()) {
-    return "the bytes (" + std::to_string(bytes.size()) + ") do not lie inside the region (" +
-           std::to_string(all.size()) + " bytes)";
+// A DMA.SET's or DMA.GET's start on the strand: the HELLO it names, and where its bytes lie for the
+// server (inside the caller's region, or exposed for the command alone into `command.owned`).
+std::optional<Refusal> Client::Impl::prepare(Pending& command, std::span<std::byte> bytes, const Target::Region* region,
+                                             Target::Access access, HelloReply& hello, Window& window) {
+  Impl& impl = *this;
+  const std::string name = kind_name(command.kind);
+  if (!impl.open.load(std::memory_order_relaxed)) {
+    return Refusal{client_error::not_connected, name + ": " + impl.closed_detail()};
   }
-  const auto& advertisement = region.advertisement();
-  window.rkey = advertisement.remote_key;
-  window.address = advertisement.remote_address + static_cast<std::uint64_t>(bytes.data() - first);
-  window.length = bytes.size();
-  return {};
+  {
+    std::lock_guard lock(impl.hello_mutex);
+    if (!impl.hello) return Refusal{client_error::no_hello, name + ": send DMA.HELLO first (async_hello)"};
+    hello = *impl.hello;
+  }
+  window = Window{0, 0, bytes.size()};
+  if (bytes.empty()) return std::nullopt;
+  if (region != nullptr) {
+    if (auto why = window_in(*region, bytes, window); !why.empty()) {
+      return Refusal{client_error::invalid_argument, name + ": " + why};
+    }
+    return std::nullopt;
+  }
+  std::error_code ec;
+  auto exposed = impl.target->target.expose(bytes, access, ec);
+  if (ec) {
+    return Refusal{client_error::registration_failed,
+                   name + ": exposing " + std::to_string(bytes.size()) + " bytes: " + ec.message()};
+  }
+  command.owned.emplace(std::move(exposed));
+  (void)window_in(*command.owned, bytes, window);
+  return std::nullopt;
 }
-
-}  // namespace
 
 void Client::start_set(std::string key, const SetRequest& request, detail::CompletionPtr<SetResult> completion) {
   impl_->pending_count.fetch_add(1, std::memory_order_relaxed);
   asio::dispatch(impl_->strand, [impl = impl_, key = std::move(key), request, c = std::move(completion)]() mutable {
-    std::optional<HelloReply> hello;
-    {
-      std::lock_guard lock(impl->hello_mutex);
-      hello = impl->hello;
-    }
-    if (!impl->open.load(std::memory_order_relaxed)) {
-      return impl->fail_now(std::move(c), client_error::not_connected, "DMA.SET: " + impl->closed_detail());
-    }
-    if (!hello) {
-      return impl->fail_now(std::move(c), client_error::no_hello, "DMA.SET: send DMA.HELLO first (async_hello)");
-    }
     auto command = std::make_unique<Pending>();
     command->kind = Kind::set;
-    Window window{0, 0, request.value.size()};
-    if (!request.value.empty()) {
-      if (request.region != nullptr) {
-        if (auto why = window_in(*request.region, request.value, window); !why.empty()) {
-          return impl->fail_now(std::move(c), client_error::invalid_argument, "DMA.SET: " + why);
-        }
-      } else {
-        std::error_code ec;
-        // Read access only: the server may read these bytes, never write them.
-        auto region = impl->target->target.expose(
-            std::span<std::byte>(const_cast<std::byte*>(request.value.data()), request.value.size()),
-            Target::Access::read, ec);
-        if (ec) {
-          return impl->fail_now(
-              std::move(c), client_error::registration_failed,
-              "DMA.SET: exposing " + std::to_string(request.value.size()) + " bytes: " + ec.message());
-        }
-        command->owned.emplace(std::move(region));
-        (void)window_in(*command->owned, request.value, window);
-      }
+    HelloReply hello;
+    Window window;
+    // Read access only: the server may read these bytes, never write them.
+    const std::span<std::byte> bytes(const_cast<std::byte*>(request.value.data()), request.value.size());
+    if (auto refused = impl->prepare(*command, bytes, request.region, Target::Access::read, hello, window)) {
+      return impl->fail_now(std::move(c), refused->error, std::move(refused->detail));
     }
     std::optional<std::uint32_t> crc;
     if (impl->options.checksum_sets) crc = checksum(request.value);
     command->length = request.value.size();
     command->crc = crc.value_or(0);
     command->completion = std::move(c);
-    impl->send(std::move(command), set_arguments(key, window, crc, hello->token), request.deadline);
+    impl->send(std::move(command), set_arguments(key, window, crc, hello.token), request.deadline);
   });
 }
 
 void Client::start_get(std::string key, const GetRequest& request, detail::CompletionPtr<GetResult> completion) {
   impl_->pending_count.fetch_add(1, std::memory_order_relaxed);
   asio::dispatch(impl_->strand, [impl = impl_, key = std::move(key), request, c = std::move(completion)]() mutable {
-    std::optional<HelloReply> hello;
-    {
-      std::lock_guard lock(impl->hello_mutex);
-      hello = impl->hello;
-    }
-    if (!impl->open.load(std::memory_order_relaxed)) {
-      return impl->fail_now(std::move(c), client_error::not_connected, "DMA.GET: " + impl->closed_detail());
-    }
-    if (!hello) {
-      return impl->fail_now(std::move(c), client_error::no_hello, "DMA.GET: send DMA.HELLO first (async_hello)");
-    }
     auto command = std::make_unique<Pending>();
     command->kind = Kind::get;
     command->into = request.into;
-    Window window{0, 0, request.into.size()};
-    if (!request.into.empty()) {
-      if (request.region != nullptr) {
-        if (auto why = window_in(*request.region, request.into, window); !why.empty()) {
-          return impl->fail_now(std::move(c), client_error::invalid_argument, "DMA.GET: " + why);
-        }
-      } else {
-        std::error_code ec;
-        auto region = impl->target->target.expose(request.into, Target::Access::write, ec);
-        if (ec) {
-          return impl->fail_now(std::move(c), client_error::registration_failed,
-                                "DMA.GET: exposing " + std::to_string(request.into.size()) + " bytes: " + ec.message());
-        }
-        command->owned.emplace(std::move(region));
-        (void)window_in(*command->owned, request.into, window);
-      }
+    HelloReply hello;
+    Window window;
+    if (auto refused = impl->prepare(*command, request.into, request.region, Target::Access::write, hello, window)) {
+      return impl->fail_now(std::move(c), refused->error, std::move(refused->detail));
     }
-    if (hello->confirmation == Confirmation::notification) command->token = impl->target->issue();
+    if (hello.confirmation == Confirmation::notification) command->token = impl->target->issue();
     command->completion = std::move(c);
-    const auto arguments = get_arguments(key, window, command->token, hello->token);
+    const auto arguments = get_arguments(key, window, command->token, hello.token);
     impl->send(std::move(command), arguments, request.deadline);
   });
 }

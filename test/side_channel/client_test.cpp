@@ -706,3 +706,25 @@ TEST_CASE("TargetThread: a Target progressed on its own thread, named, paused an
   CHECK(ec);
   CHECK(detail.find("CPU") != std::string::npos);
 }
+
+TEST_CASE("an idle client keeps nothing outstanding: run() returns once its commands are done", "[client]") {
+  Server server;
+  auto target = dma::TargetThread::start(loopback_configuration());
+  dma::kv::ClientTarget shared(target->target());
+  asio::io_context io;
+  dma::kv::Client client(io, shared);  // the default deadline, 30 s, is armed while commands run
+  std::error_code last = client_error::server_error;
+  const auto value = pattern(4096, 4);
+  client.async_connect("127.0.0.1", server.port(), [&](std::error_code ec) {
+    REQUIRE(!ec);
+    client.async_hello([&](std::error_code ec2, dma::kv::HelloResult) {
+      REQUIRE(!ec2);
+      client.async_set("idle", value, [&](std::error_code ec3, dma::kv::SetResult) { last = ec3; });
+    });
+  });
+  const auto began = std::chrono::steady_clock::now();
+  io.run_for(bound);
+  CHECK(!last);
+  CHECK(std::chrono::steady_clock::now() - began < 20s);
+  CHECK(io.stopped());
+}

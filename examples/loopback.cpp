@@ -14,7 +14,6 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
-#include <thread>
 #include <vector>
 
 namespace {
@@ -107,10 +106,8 @@ int main(int argc, char** argv) {
 
   try {
     // The target runs on its own thread, as a separate peer would.
-    asio::io_context target_io;
-    dma::Target target(target_io, configuration);
-    auto target_work = asio::make_work_guard(target_io);
-    std::thread target_thread([&] { target_io.run(); });
+    auto target_thread = dma::TargetThread::start(configuration);
+    dma::Target& target = target_thread->target();
 
     std::vector<std::byte> remote(region_size);
     auto region = target.expose(remote);
@@ -146,9 +143,7 @@ int main(int argc, char** argv) {
     run(dma::Direction::ToPeer, writes);
     run(dma::Direction::FromPeer, reads);
 
-    target_work.reset();
-    target_io.stop();
-    target_thread.join();
+    target_thread->pause();
 
     auto report = [](const char* what, const Totals& t) {
       std::printf("%-6s %8.2f GB/s %10.0f transfers/s  %zu transfers, %zu bytes, errors: %zu, mismatched rounds: %zu\n",

@@ -11,7 +11,6 @@
 
 #include <chrono>
 #include <cstdio>
-#include <thread>
 #include <vector>
 
 #if defined(_GLIBCXX_HAVE_ALIGNED_ALLOC) && !defined(ASIO_HAS_STD_ALIGNED_ALLOC)
@@ -50,12 +49,9 @@ int main() {
     dma::Configuration configuration;
     configuration.bind = "127.0.0.1";
 
-    asio::io_context target_io;
-    dma::Target target(target_io, configuration);
+    auto target = dma::TargetThread::start(configuration);  // the peer, progressed on its own thread
     std::vector<std::byte> remote(65536, std::byte{0});
-    const auto region = target.expose(remote);
-    auto work = asio::make_work_guard(target_io);
-    std::thread progress([&] { target_io.run(); });
+    const auto region = target->expose(remote);
 
     asio::io_context io;
     dma::asynchronous::FabricService<Buffer> service(io, configuration);
@@ -76,9 +72,7 @@ int main() {
     auto read_back = service.submit(std::move(read), asio::use_future);
     const auto read_done = wait_for(io, read_back);
 
-    work.reset();
-    target_io.stop();
-    progress.join();
+    target->pause();
     if (!write_done.outcome || !read_done.outcome) {
       std::fprintf(stderr, "transfer failed: %s\n",
                    (!write_done.outcome ? write_done.outcome : read_done.outcome).message().c_str());

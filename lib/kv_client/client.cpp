@@ -21,6 +21,7 @@
 #include <functional>
 #include <mutex>
 #include <unordered_map>
+#include <unordered_set>
 #include <variant>
 
 namespace dma::kv {
@@ -251,6 +252,7 @@ struct Pending {
   std::uint32_t crc = 0;                ///< DMA.SET: sent; DMA.GET: from the reply
   std::span<std::byte> into;            ///< DMA.GET
   std::optional<std::uint32_t> token;   ///< DMA.GET under notification confirmation
+  bool abandoned = false;               ///< completed by a cancellation; its reply is dropped
 };
 
 }  // namespace
@@ -305,6 +307,8 @@ struct Client::Impl : std::enable_shared_from_this<Impl> {
   void fail(Pending& command, std::error_code ec, std::string detail) {
     command.owned.reset();
     if (command.token && target) target->forget(*command.token);
+    command.token.reset();
+    if (command.abandoned) return;  // its handler has run
     pending_count.fetch_sub(1, std::memory_order_relaxed);
     std::visit(
         [&](auto& completion) {
@@ -317,25 +321,25 @@ struct Client::Impl : std::enable_shared_from_this<Impl> {
   }
 
   // A command refused before it was sent.
-  void fail_now(detail::CompletionPtr<HelloResult> c, client_error e, std::string detail) {
+  void fail_now(detail::CompletionPtr<HelloResult> c, std::error_code e, std::string detail) {
     pending_count.fetch_sub(1, std::memory_order_relaxed);
     HelloResult r;
     r.detail = std::move(detail);
     complete(c, e, std::move(r));
   }
-  void fail_now(detail::CompletionPtr<SetResult> c, client_error e, std::string detail) {
+  void fail_now(detail::CompletionPtr<SetResult> c, std::error_code e, std::string detail) {
     pending_count.fetch_sub(1, std::memory_order_relaxed);
     SetResult r;
     r.detail = std::move(detail);
     complete(c, e, std::move(r));
   }
-  void fail_now(detail::CompletionPtr<GetResult> c, client_error e, std::string detail) {
+  void fail_now(detail::CompletionPtr<GetResult> c, std::error_code e, std::string detail) {
     pending_count.fetch_sub(1, std::memory_order_relaxed);
     GetResult r;
     r.detail = std::move(detail);
     complete(c, e, std::move(r));
   }
-  void fail_now(detail::CompletionPtr<InfoResult> c, client_error e, std::string detail) {
+  void fail_now(detail::CompletionPtr<InfoResult> c, std::error_code e, std::string detail) {
     pending_count.fetch_sub(1, std::memory_order_relaxed);
     InfoResult r;
     r.detail = std::move(detail);
@@ -379,7 +383,7 @@ struct Client::Impl : std::enable_shared_from_this<Impl> {
     return last_close.empty() ? "no connection: call async_connect() first" : "the connection closed: " + last_close;
   }
 
-  void connect(std::string host, std::uint16_t port, detail::CompletionPtr<detail::NoResult> completion) {
+  void connect(const std::string& host, std::uint16_t port, detail::CompletionPtr<detail::NoResult> completion) {
     if (open.load(std::memory_order_relaxed) || connecting) {
       close_connection(client_error::aborted, "the client connected again");
     }
@@ -388,7 +392,7 @@ struct Client::Impl : std::enable_shared_from_this<Impl> {
     auto shared = std::make_shared<detail::CompletionPtr<detail::NoResult>>(std::move(completion));
     resolver.async_resolve(
         host, std::to_string(port),
-        [self = shared_from_this(), gen, shared](std::error_code ec, tcp::resolver::results_type results) {
+        [self = shared_from_this(), gen, shared](std::error_code ec, const tcp::resolver::results_type& results) {
           if (gen != self->generation) ec = asio::error::operation_aborted;
           if (ec) {
             self->connecting = false;
@@ -417,7 +421,6 @@ struct Client::Impl : std::enable_shared_from_this<Impl> {
   /// Queues `arguments` for the connection and `command` for its reply.
   void send(std::unique_ptr<Pending> command, const std::vector<std::string>& arguments,
             std::chrono::milliseconds deadline) {
-    command->id = ++next_id;
     command->deadline_length = deadline.count() > 0 ? deadline : options.deadline;
     if (command->deadline_length.count() > 0) {
       command->deadline = Clock::now() + command->deadline_length;
@@ -509,6 +512,7 @@ struct Client::Impl : std::enable_shared_from_this<Impl> {
   }
 
   void answer(std::unique_ptr<Pending> command, const resp::Reply& r) {
+    if (command->abandoned) return;  // cancelled: the reply is read and dropped
     if (r.is_error()) {
       const std::string text(r.text);
       if (command->kind == Kind::hello) {
@@ -648,9 +652,47 @@ struct Client::Impl : std::enable_shared_from_this<Impl> {
     });
   }
 
+  // ---- cancellation ---------------------------------------------------------------------------
+
+  /// Whether command `id` was cancelled before it reached the strand (and forgets it).
+  bool cancelled_before_start(std::uint64_t id) {
+    last_started = std::max(last_started, id);
+    return cancelled_early.erase(id) > 0;
+  }
+
+  void cancel(std::uint64_t id) {
+    if (connecting && id == connect_id) {
+      last_close = "the connection attempt was cancelled";
+      close_connection(asio::error::operation_aborted, "the connection attempt was cancelled");
+      return;
+    }
+    for (auto& command : replies) {
+      if (command->id != id || command->abandoned) continue;
+      // Completed now; its reply, still due in order, is dropped when it comes.
+      fail(*command, asio::error::operation_aborted,
+           std::string(kind_name(command->kind)) + ": cancelled; its reply will be dropped");
+      command->abandoned = true;
+      command->deadline = Clock::time_point::max();
+      return;
+    }
+    const auto it = std::find_if(notifications.begin(), notifications.end(),
+                                 [id](const auto& command) { return command->id == id; });
+    if (it != notifications.end()) {
+      auto command = std::move(*it);
+      notifications.erase(it);
+      fail(*command, asio::error::operation_aborted, "DMA.GET: cancelled while its notification was due");
+      idle_timer();
+      return;
+    }
+    if (id > last_started) cancelled_early.insert(id);  // its start is still on its way to the strand
+  }
+
   // With nothing pending the deadline timer goes too: an idle client keeps no operation outstanding.
   void idle_timer() {
-    if (!timer_armed || !replies.empty() || !notifications.empty()) return;
+    if (!timer_armed || !notifications.empty()) return;
+    for (const auto& command : replies) {
+      if (!command->abandoned) return;
+    }
     timer_armed = false;
     timer.cancel();
   }
@@ -710,7 +752,10 @@ struct Client::Impl : std::enable_shared_from_this<Impl> {
   std::string last_close;
   mutable std::mutex hello_mutex;
   std::optional<HelloReply> hello;
-  std::uint64_t next_id = 0;
+  std::atomic<std::uint64_t> ids{0};  ///< the last command id given out
+  std::uint64_t last_started = 0;     ///< the highest id that reached the strand
+  std::unordered_set<std::uint64_t> cancelled_early;
+  std::uint64_t connect_id = 0;                        ///< the async_connect() in progress
   std::deque<std::unique_ptr<Pending>> replies;        ///< sent, waiting for their replies, in order
   std::deque<std::unique_ptr<Pending>> notifications;  ///< DMA.GETs replied to, waiting for their notification
   std::atomic<std::size_t> pending_count{0};
@@ -728,7 +773,12 @@ Client::Client(const executor_type& executor, ClientTarget& target, ClientOption
 Client::Client(const executor_type& executor, ClientOptions options)
     : impl_(std::make_shared<Impl>(executor, nullptr, options)) {}
 
-Client::~Client() { close(); }
+Client::~Client() {
+  try {
+    close();
+  } catch (...) {  // no memory to queue the close: the connection ends with its execution context
+  }
+}
 
 Client::executor_type Client::get_executor() const noexcept { return impl_->strand.get_inner_executor(); }
 
@@ -748,15 +798,29 @@ std::optional<HelloReply> Client::hello() const {
 
 std::size_t Client::pending() const noexcept { return impl_->pending_count.load(std::memory_order_relaxed); }
 
-void Client::start_connect(std::string host, std::uint16_t port, detail::CompletionPtr<detail::NoResult> completion) {
-  asio::dispatch(impl_->strand, [impl = impl_, host = std::move(host), port, c = std::move(completion)]() mutable {
-    impl->connect(std::move(host), port, std::move(c));
+std::uint64_t Client::next_command_id() noexcept { return impl_->ids.fetch_add(1, std::memory_order_relaxed) + 1; }
+
+void Client::cancel(const std::weak_ptr<Impl>& weak, std::uint64_t id) {
+  auto impl = weak.lock();
+  if (!impl) return;
+  asio::dispatch(impl->strand, [impl, id] { impl->cancel(id); });
+}
+
+void Client::start_connect(const std::string& host, std::uint16_t port, std::uint64_t id,
+                           detail::CompletionPtr<detail::NoResult> completion) {
+  asio::dispatch(impl_->strand, [impl = impl_, host, port, id, c = std::move(completion)]() mutable {
+    if (impl->cancelled_before_start(id)) return Impl::complete(c, asio::error::operation_aborted, detail::NoResult{});
+    impl->connect(host, port, std::move(c));
+    impl->connect_id = id;
   });
 }
 
-void Client::start_hello(detail::CompletionPtr<HelloResult> completion) {
+void Client::start_hello(std::uint64_t id, detail::CompletionPtr<HelloResult> completion) {
   impl_->pending_count.fetch_add(1, std::memory_order_relaxed);
-  asio::dispatch(impl_->strand, [impl = impl_, c = std::move(completion)]() mutable {
+  asio::dispatch(impl_->strand, [impl = impl_, id, c = std::move(completion)]() mutable {
+    if (impl->cancelled_before_start(id)) {
+      return impl->fail_now(std::move(c), asio::error::operation_aborted, "DMA.HELLO: cancelled before it was sent");
+    }
     if (!impl->target) {
       return impl->fail_now(std::move(c), client_error::invalid_argument,
                             "DMA.HELLO: this client has no ClientTarget to advertise");
@@ -766,6 +830,7 @@ void Client::start_hello(detail::CompletionPtr<HelloResult> completion) {
     }
     auto command = std::make_unique<Pending>();
     command->kind = Kind::hello;
+    command->id = id;
     command->completion = std::move(c);
     impl->send(std::move(command), hello_arguments(impl->target->target.local_address()), {});
   });
@@ -804,11 +869,16 @@ std::optional<Refusal> Client::Impl::prepare(Pending& command, std::span<std::by
   return std::nullopt;
 }
 
-void Client::start_set(std::string key, const SetRequest& request, detail::CompletionPtr<SetResult> completion) {
+void Client::start_set(const std::string& key, const SetRequest& request, std::uint64_t id,
+                       detail::CompletionPtr<SetResult> completion) {
   impl_->pending_count.fetch_add(1, std::memory_order_relaxed);
-  asio::dispatch(impl_->strand, [impl = impl_, key = std::move(key), request, c = std::move(completion)]() mutable {
+  asio::dispatch(impl_->strand, [impl = impl_, key, request, id, c = std::move(completion)]() mutable {
+    if (impl->cancelled_before_start(id)) {
+      return impl->fail_now(std::move(c), asio::error::operation_aborted, "DMA.SET: cancelled before it was sent");
+    }
     auto command = std::make_unique<Pending>();
     command->kind = Kind::set;
+    command->id = id;
     HelloReply hello;
     Window window;
     // Read access only: the server may read these bytes, never write them.
@@ -825,11 +895,16 @@ void Client::start_set(std::string key, const SetRequest& request, detail::Compl
   });
 }
 
-void Client::start_get(std::string key, const GetRequest& request, detail::CompletionPtr<GetResult> completion) {
+void Client::start_get(const std::string& key, const GetRequest& request, std::uint64_t id,
+                       detail::CompletionPtr<GetResult> completion) {
   impl_->pending_count.fetch_add(1, std::memory_order_relaxed);
-  asio::dispatch(impl_->strand, [impl = impl_, key = std::move(key), request, c = std::move(completion)]() mutable {
+  asio::dispatch(impl_->strand, [impl = impl_, key, request, id, c = std::move(completion)]() mutable {
+    if (impl->cancelled_before_start(id)) {
+      return impl->fail_now(std::move(c), asio::error::operation_aborted, "DMA.GET: cancelled before it was sent");
+    }
     auto command = std::make_unique<Pending>();
     command->kind = Kind::get;
+    command->id = id;
     command->into = request.into;
     HelloReply hello;
     Window window;
@@ -843,14 +918,18 @@ void Client::start_get(std::string key, const GetRequest& request, detail::Compl
   });
 }
 
-void Client::start_info(detail::CompletionPtr<InfoResult> completion) {
+void Client::start_info(std::uint64_t id, detail::CompletionPtr<InfoResult> completion) {
   impl_->pending_count.fetch_add(1, std::memory_order_relaxed);
-  asio::dispatch(impl_->strand, [impl = impl_, c = std::move(completion)]() mutable {
+  asio::dispatch(impl_->strand, [impl = impl_, id, c = std::move(completion)]() mutable {
+    if (impl->cancelled_before_start(id)) {
+      return impl->fail_now(std::move(c), asio::error::operation_aborted, "DMA.INFO: cancelled before it was sent");
+    }
     if (!impl->open.load(std::memory_order_relaxed)) {
       return impl->fail_now(std::move(c), client_error::not_connected, "DMA.INFO: " + impl->closed_detail());
     }
     auto command = std::make_unique<Pending>();
     command->kind = Kind::info;
+    command->id = id;
     command->completion = std::move(c);
     impl->send(std::move(command), {std::string(info_command.name)}, {});
   });

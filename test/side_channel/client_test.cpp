@@ -8,7 +8,10 @@
 #include <dma/kv/protocol.hpp>
 #include <dma/target_thread.hpp>
 
+#include <asio/bind_cancellation_slot.hpp>
+#include <asio/cancellation_signal.hpp>
 #include <asio/executor_work_guard.hpp>
+#include <asio/post.hpp>
 #include <asio/read.hpp>
 
 #include <atomic>
@@ -727,4 +730,34 @@ TEST_CASE("an idle client keeps nothing outstanding: run() returns once its comm
   CHECK(!last);
   CHECK(std::chrono::steady_clock::now() - began < 20s);
   CHECK(io.stopped());
+}
+
+TEST_CASE("a cancelled command completes at once, and its late reply is dropped on a connection that stays",
+          "[client]") {
+  // The first DMA.SET is answered only together with the second.
+  std::size_t sets = 0;
+  ScriptedServer holding([&](const std::vector<std::string>& request) -> std::optional<std::string> {
+    if (request[0] == "DMA.HELLO") return hello_reply(request);
+    return ++sets == 1 ? std::string() : std::string("+OK\r\n+OK\r\n");
+  });
+  Setup s;
+  dma::kv::Client client(s.thread.io(), s.shared);
+  REQUIRE(connect(client, holding.port()) == std::error_code());
+  REQUIRE(!hello(client).first);
+  std::vector<std::byte> bytes(64);
+  asio::cancellation_signal signal;
+  Call<dma::kv::SetResult> cancelled;
+  client.async_set("first", bytes, asio::bind_cancellation_slot(signal.slot(), cancelled.handler()));
+  // Emitted on the client's executor, as Asio's cancellation slots require of their signal.
+  asio::post(s.thread.io(), [&] { signal.emit(asio::cancellation_type::terminal); });
+  const auto [ec, result] = cancelled.get();
+  CHECK(ec == asio::error::operation_aborted);
+  CHECK(result.detail.find("cancelled") != std::string::npos);
+  CHECK(client.is_open());
+  Call<dma::kv::SetResult> second;
+  client.async_set("second", bytes, second.handler());
+  const auto [second_ec, second_result] = second.get();
+  INFO(second_result.detail);
+  CHECK(!second_ec);
+  CHECK(client.pending() == 0);
 }

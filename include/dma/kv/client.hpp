@@ -22,8 +22,10 @@
 
 #include <asio/any_io_executor.hpp>
 #include <asio/associated_allocator.hpp>
+#include <asio/associated_cancellation_slot.hpp>
 #include <asio/associated_executor.hpp>
 #include <asio/async_result.hpp>
+#include <asio/cancellation_type.hpp>
 #include <asio/execution/outstanding_work.hpp>
 #include <asio/execution_context.hpp>
 #include <asio/prefer.hpp>
@@ -183,7 +185,7 @@ using CompletionPtr = std::unique_ptr<Completion<Result>, CompletionDeleter<Resu
 
 /// Runs `completion` and releases it.
 template <typename Result>
-void finish(CompletionPtr<Result> completion, std::error_code ec, Result&& result) {
+void finish(CompletionPtr<Result> completion, std::error_code ec, std::type_identity_t<Result>&& result) {
   Completion<Result>* c = completion.release();
   c->complete(c, ec, std::move(result));
 }
@@ -226,6 +228,8 @@ struct CompletionFor final : Completion<Result> {
 
   static void run(Completion<Result>* base, std::error_code ec, Result&& result) {
     auto* c = static_cast<CompletionFor*>(base);
+    auto slot = asio::get_associated_cancellation_slot(c->handler);
+    if (slot.is_connected()) slot.clear();
     Handler handler(std::move(c->handler));
     WorkExecutor executor(std::move(c->work));
     free(c);
@@ -253,10 +257,14 @@ struct CompletionFor final : Completion<Result> {
 /// closed before it completes (the span overloads: one registration per command, whose cost
 /// grows with the provider's; nothing of it outlives the command).
 ///
-/// After a deadline, close(), or a lost connection, a transfer the server had started may still
-/// reach a caller's Region until the server's own transfer deadline (dma-kv-server's
-/// `--transfer-deadline-ms`); the span overloads' bytes are safe at completion, since their
-/// registration is closed by then.
+/// Per-operation cancellation (terminal, partial and total alike) completes the command at once
+/// with asio::error::operation_aborted and leaves the connection as it is: the command's reply is
+/// read and dropped when it comes. A cancelled async_connect() closes the attempt.
+///
+/// After a deadline, a cancellation, close(), or a lost connection, a transfer the server had
+/// started may still reach a caller's Region until the server's own transfer deadline
+/// (dma-kv-server's `--transfer-deadline-ms`); the span overloads' bytes are safe at completion,
+/// since their registration is closed by then.
 class DMA_EXPORT Client {
  public:
   /// The executor the client's work and, by default, its handlers run on.
@@ -291,8 +299,9 @@ class DMA_EXPORT Client {
   template <asio::completion_token_for<void(std::error_code)> CompletionToken = default_token_type>
   auto async_connect(std::string host, std::uint16_t port, CompletionToken&& token = default_token_type()) {
     return asio::async_initiate<CompletionToken, void(std::error_code)>(
-        [this](auto handler, std::string h, std::uint16_t p) {
-          start_connect(std::move(h), p, wrap<detail::NoResult>(std::move(handler)));
+        [this](auto handler, const std::string& h, std::uint16_t p) {
+          const auto id = next_command_id();
+          start_connect(h, p, id, wrap<detail::NoResult>(std::move(handler), id));
         },
         token, std::move(host), port);
   }
@@ -305,7 +314,11 @@ class DMA_EXPORT Client {
   template <asio::completion_token_for<void(std::error_code, HelloResult)> CompletionToken = default_token_type>
   auto async_hello(CompletionToken&& token = default_token_type()) {
     return asio::async_initiate<CompletionToken, void(std::error_code, HelloResult)>(
-        [this](auto handler) { start_hello(wrap<HelloResult>(std::move(handler))); }, token);
+        [this](auto handler) {
+          const auto id = next_command_id();
+          start_hello(id, wrap<HelloResult>(std::move(handler), id));
+        },
+        token);
   }
 
   /// DMA.SET of `value` under `key`: the server reads the bytes from the client's memory and
@@ -315,8 +328,9 @@ class DMA_EXPORT Client {
   template <asio::completion_token_for<void(std::error_code, SetResult)> CompletionToken = default_token_type>
   auto async_set(const SetRequest& request, CompletionToken&& token = default_token_type()) {
     return asio::async_initiate<CompletionToken, void(std::error_code, SetResult)>(
-        [this](auto handler, std::string key, SetRequest r) {
-          start_set(std::move(key), r, wrap<SetResult>(std::move(handler)));
+        [this](auto handler, const std::string& key, const SetRequest& r) {
+          const auto id = next_command_id();
+          start_set(key, r, id, wrap<SetResult>(std::move(handler), id));
         },
         token, std::string(request.key), request);
   }
@@ -341,8 +355,9 @@ class DMA_EXPORT Client {
   template <asio::completion_token_for<void(std::error_code, GetResult)> CompletionToken = default_token_type>
   auto async_get(const GetRequest& request, CompletionToken&& token = default_token_type()) {
     return asio::async_initiate<CompletionToken, void(std::error_code, GetResult)>(
-        [this](auto handler, std::string key, GetRequest r) {
-          start_get(std::move(key), r, wrap<GetResult>(std::move(handler)));
+        [this](auto handler, const std::string& key, const GetRequest& r) {
+          const auto id = next_command_id();
+          start_get(key, r, id, wrap<GetResult>(std::move(handler), id));
         },
         token, std::string(request.key), request);
   }
@@ -364,7 +379,11 @@ class DMA_EXPORT Client {
   template <asio::completion_token_for<void(std::error_code, InfoResult)> CompletionToken = default_token_type>
   auto async_info(CompletionToken&& token = default_token_type()) {
     return asio::async_initiate<CompletionToken, void(std::error_code, InfoResult)>(
-        [this](auto handler) { start_info(wrap<InfoResult>(std::move(handler))); }, token);
+        [this](auto handler) {
+          const auto id = next_command_id();
+          start_info(id, wrap<InfoResult>(std::move(handler), id));
+        },
+        token);
   }
 
   /// Closes the connection; pending commands complete with client_error::aborted.
@@ -377,19 +396,38 @@ class DMA_EXPORT Client {
   std::size_t pending() const noexcept;
 
  private:
+  struct Impl;
+
+  // A command's per-operation cancellation: it reaches the command through the client's strand.
+  struct Canceller {
+    Canceller(std::weak_ptr<Impl> i, std::uint64_t c) noexcept : impl(std::move(i)), id(c) {}
+    std::weak_ptr<Impl> impl;
+    std::uint64_t id;
+    void operator()(asio::cancellation_type type) const {
+      if (type != asio::cancellation_type::none) cancel(impl, id);
+    }
+  };
+
   template <typename Result, typename Handler>
-  detail::CompletionPtr<Result> wrap(Handler&& handler) {
-    return detail::CompletionFor<Result, std::decay_t<Handler>, executor_type>::create(std::forward<Handler>(handler),
-                                                                                       get_executor());
+  detail::CompletionPtr<Result> wrap(Handler&& handler, std::uint64_t id) {
+    using For = detail::CompletionFor<Result, std::decay_t<Handler>, executor_type>;
+    auto completion = For::create(std::forward<Handler>(handler), get_executor());
+    auto slot = asio::get_associated_cancellation_slot(static_cast<For&>(*completion).handler);
+    if (slot.is_connected()) slot.template emplace<Canceller>(std::weak_ptr<Impl>(impl_), id);
+    return completion;
   }
 
-  void start_connect(std::string host, std::uint16_t port, detail::CompletionPtr<detail::NoResult> completion);
-  void start_hello(detail::CompletionPtr<HelloResult> completion);
-  void start_set(std::string key, const SetRequest& request, detail::CompletionPtr<SetResult> completion);
-  void start_get(std::string key, const GetRequest& request, detail::CompletionPtr<GetResult> completion);
-  void start_info(detail::CompletionPtr<InfoResult> completion);
+  std::uint64_t next_command_id() noexcept;
+  static void cancel(const std::weak_ptr<Impl>& impl, std::uint64_t id);
+  void start_connect(const std::string& host, std::uint16_t port, std::uint64_t id,
+                     detail::CompletionPtr<detail::NoResult> completion);
+  void start_hello(std::uint64_t id, detail::CompletionPtr<HelloResult> completion);
+  void start_set(const std::string& key, const SetRequest& request, std::uint64_t id,
+                 detail::CompletionPtr<SetResult> completion);
+  void start_get(const std::string& key, const GetRequest& request, std::uint64_t id,
+                 detail::CompletionPtr<GetResult> completion);
+  void start_info(std::uint64_t id, detail::CompletionPtr<InfoResult> completion);
 
-  struct Impl;
   std::shared_ptr<Impl> impl_;
 };
 

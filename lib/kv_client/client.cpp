@@ -303,6 +303,13 @@ struct Client::Impl : std::enable_shared_from_this<Impl> {
     if (completion) detail::finish(std::move(completion), ec, std::move(result));
   }
 
+  template <typename Result>
+  static void complete_with(detail::CompletionPtr<Result>& completion, std::error_code ec, std::string&& detail) {
+    Result result;
+    result.detail = std::move(detail);
+    complete(completion, ec, std::move(result));
+  }
+
   /// Fails a command: its own bytes are closed to the server first, its token forgotten.
   void fail(Pending& command, std::error_code ec, std::string detail) {
     command.owned.reset();
@@ -310,44 +317,25 @@ struct Client::Impl : std::enable_shared_from_this<Impl> {
     command.token.reset();
     if (command.abandoned) return;  // its handler has run
     pending_count.fetch_sub(1, std::memory_order_relaxed);
-    std::visit(
-        [&](auto& completion) {
-          using Result = typename std::decay_t<decltype(*completion)>::result_type;
-          Result result;
-          result.detail = std::move(detail);
-          complete(completion, ec, std::move(result));
-        },
-        command.completion);
+    std::visit([&](auto& completion) { complete_with(completion, ec, std::move(detail)); }, command.completion);
   }
 
-  // A command refused before it was sent.
-  void fail_now(detail::CompletionPtr<HelloResult> c, std::error_code e, std::string detail) {
+  /// Fails a command refused before it was sent.
+  template <typename Result>
+  void fail_now(detail::CompletionPtr<Result> completion, std::error_code ec, std::string detail) {
     pending_count.fetch_sub(1, std::memory_order_relaxed);
-    HelloResult r;
-    r.detail = std::move(detail);
-    complete(c, e, std::move(r));
+    complete_with(completion, ec, std::move(detail));
   }
-  void fail_now(detail::CompletionPtr<SetResult> c, std::error_code e, std::string detail) {
+
+  /// Completes a command with its result.
+  template <typename Result>
+  void succeed(Pending& command, Result result) {
     pending_count.fetch_sub(1, std::memory_order_relaxed);
-    SetResult r;
-    r.detail = std::move(detail);
-    complete(c, e, std::move(r));
-  }
-  void fail_now(detail::CompletionPtr<GetResult> c, std::error_code e, std::string detail) {
-    pending_count.fetch_sub(1, std::memory_order_relaxed);
-    GetResult r;
-    r.detail = std::move(detail);
-    complete(c, e, std::move(r));
-  }
-  void fail_now(detail::CompletionPtr<InfoResult> c, std::error_code e, std::string detail) {
-    pending_count.fetch_sub(1, std::memory_order_relaxed);
-    InfoResult r;
-    r.detail = std::move(detail);
-    complete(c, e, std::move(r));
+    complete(std::get<detail::CompletionPtr<Result>>(command.completion), {}, std::move(result));
   }
 
   std::optional<Refusal> prepare(Pending& command, std::span<std::byte> bytes, const Target::Region* region,
-                                 Target::Access access, HelloReply& hello, Window& window);
+                                 Target::Access access, HelloReply& named, Window& window);
 
   // ---- the connection ---------------------------------------------------------------------
 
@@ -549,10 +537,9 @@ struct Client::Impl : std::enable_shared_from_this<Impl> {
       std::lock_guard lock(hello_mutex);
       hello = read.reply;
     }
-    pending_count.fetch_sub(1, std::memory_order_relaxed);
     HelloResult result;
     result.reply = std::move(read.reply);
-    complete(std::get<detail::CompletionPtr<HelloResult>>(command.completion), {}, std::move(result));
+    succeed(command, std::move(result));
   }
 
   void answer_set(Pending& command, const resp::Reply& r) {
@@ -560,11 +547,10 @@ struct Client::Impl : std::enable_shared_from_this<Impl> {
       return fail(command, client_error::protocol_error, "DMA.SET: the reply is not +OK");
     }
     command.owned.reset();
-    pending_count.fetch_sub(1, std::memory_order_relaxed);
     SetResult result;
     result.length = command.length;
     result.crc = command.crc;
-    complete(std::get<detail::CompletionPtr<SetResult>>(command.completion), {}, std::move(result));
+    succeed(command, std::move(result));
   }
 
   void answer_get(std::unique_ptr<Pending> command, const resp::Reply& r) {
@@ -621,21 +607,19 @@ struct Client::Impl : std::enable_shared_from_this<Impl> {
                         std::to_string(command.crc));
       }
     }
-    pending_count.fetch_sub(1, std::memory_order_relaxed);
     GetResult result;
     result.length = command.length;
     result.crc = command.crc;
-    complete(std::get<detail::CompletionPtr<GetResult>>(command.completion), {}, std::move(result));
+    succeed(command, std::move(result));
   }
 
   void answer_info(Pending& command, const resp::Reply& r) {
     if (r.type != resp::Reply::Type::bulk) {
       return fail(command, client_error::protocol_error, "DMA.INFO: the reply is not a bulk string");
     }
-    pending_count.fetch_sub(1, std::memory_order_relaxed);
     InfoResult result;
     result.text = std::string(r.text);
-    complete(std::get<detail::CompletionPtr<InfoResult>>(command.completion), {}, std::move(result));
+    succeed(command, std::move(result));
   }
 
   // ---- deadlines ------------------------------------------------------------------------------
@@ -839,16 +823,15 @@ void Client::start_hello(std::uint64_t id, detail::CompletionPtr<HelloResult> co
 // A DMA.SET's or DMA.GET's start on the strand: the HELLO it names, and where its bytes lie for the
 // server (inside the caller's region, or exposed for the command alone into `command.owned`).
 std::optional<Refusal> Client::Impl::prepare(Pending& command, std::span<std::byte> bytes, const Target::Region* region,
-                                             Target::Access access, HelloReply& hello, Window& window) {
-  Impl& impl = *this;
+                                             Target::Access access, HelloReply& named, Window& window) {
   const std::string name = kind_name(command.kind);
-  if (!impl.open.load(std::memory_order_relaxed)) {
-    return Refusal{client_error::not_connected, name + ": " + impl.closed_detail()};
+  if (!open.load(std::memory_order_relaxed)) {
+    return Refusal{client_error::not_connected, name + ": " + closed_detail()};
   }
   {
-    std::lock_guard lock(impl.hello_mutex);
-    if (!impl.hello) return Refusal{client_error::no_hello, name + ": send DMA.HELLO first (async_hello)"};
-    hello = *impl.hello;
+    std::lock_guard lock(hello_mutex);
+    if (!hello) return Refusal{client_error::no_hello, name + ": send DMA.HELLO first (async_hello)"};
+    named = *hello;
   }
   window = Window{0, 0, bytes.size()};
   if (bytes.empty()) return std::nullopt;
@@ -859,7 +842,7 @@ std::optional<Refusal> Client::Impl::prepare(Pending& command, std::span<std::by
     return std::nullopt;
   }
   std::error_code ec;
-  auto exposed = impl.target->target.expose(bytes, access, ec);
+  auto exposed = target->target.expose(bytes, access, ec);
   if (ec) {
     return Refusal{client_error::registration_failed,
                    name + ": exposing " + std::to_string(bytes.size()) + " bytes: " + ec.message()};

@@ -168,7 +168,6 @@ struct NoResult {};
 /// A pending command's handler, its type erased.
 template <typename Result>
 struct Completion {
-  using result_type = Result;
   /// Frees the completion, then posts its handler with (ec[, result]) to its executor.
   void (*complete)(Completion* self, std::error_code ec, Result&& result) = nullptr;
   /// Frees the completion without running its handler.

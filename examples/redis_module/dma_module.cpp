@@ -2,7 +2,10 @@
 // 7.0 and Valkey 8.1, on the callback layer. A DMA.SET or DMA.GET blocks its client and submits one
 // transfer; the completer, on the fabric thread or a pool thread, only hands the completion to
 // the main thread (UnblockClient, which takes no server lock). The key space is read and written,
-// and the reply sent, in the reply callback on the main thread. See docs/redis-module.md.
+// and the reply sent, in the reply callback on the main thread. What grows with the value stays
+// off the main thread: a DMA.SET's value string is allocated and zero-filled by a value worker,
+// which then submits the read, and memory only the module references is freed there too. See
+// docs/redis-module.md.
 #include <dma/dma.hpp>
 #include <dma/kv/hello_bindings.hpp>
 #include <dma/kv/protocol.hpp>
@@ -10,7 +13,10 @@
 #include "held_values.hpp"
 #include "module_api.hpp"
 #include "options.hpp"
+#include "value_workers.hpp"
 
+#include <pthread.h>
+#include <sched.h>
 #include <strings.h>
 #include <algorithm>
 #include <atomic>
@@ -25,6 +31,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 namespace {
@@ -64,6 +71,9 @@ struct Transfer {
   /// DMA.SET: the string the value lands in, stored as it is. DMA.GET from a held value: one more
   /// reference to it, for as long as the write reads it.
   rm::String* value = nullptr;
+  /// Whether `value`'s only reference is the transfer's (a DMA.SET value not stored, or one the
+  /// server stored a copy of): then any thread may free it.
+  bool value_private = false;
   /// DMA.SET: inside `value`. DMA.GET: inside `value`, or a copy taken by std::malloc.
   std::byte* bytes = nullptr;
   std::size_t length = 0;
@@ -99,12 +109,28 @@ struct Counters {
   std::uint64_t replies_dropped = 0;  ///< transfers whose client left before the reply
   std::uint64_t get_copies = 0, get_copy_ns = 0, get_copy_bytes = 0;
   std::uint64_t gets_from_held = 0;                     ///< DMA.GETs written straight from a held value
-  std::uint64_t set_alloc_ns = 0, set_alloc_bytes = 0;  ///< DMA.SET's value strings (zero-filled)
+  /// DMA.SET's value strings (zero-filled), allocated by the value workers.
+  std::atomic<std::uint64_t> set_alloc_ns{0}, set_alloc_bytes{0};
+  std::atomic<std::uint64_t> frees_off_main{0};  ///< values and copies freed by the value workers
+  /// The main thread's time in the module, per part (steady clock, nanoseconds): the DMA.SET and
+  /// DMA.GET command functions, their reply callbacks, the free callbacks of both, and inside the
+  /// DMA.SET replies the store itself (StringSet: a copy of the value on Valkey 8.1).
+  std::uint64_t set_calls = 0, set_command_ns = 0, set_reply_ns = 0, set_store_ns = 0;
+  std::uint64_t get_calls = 0, get_command_ns = 0, get_reply_ns = 0;
+  std::uint64_t release_ns = 0;
   std::uint64_t gets_refused_copy_limit = 0;            ///< a copy over get-copy-limit or the client's
   std::uint64_t gets_refused_oom = 0;                   ///< a copy asked while the server is over maxmemory
   std::uint64_t sets_refused_paused = 0;                ///< completed while writes were paused: not stored
   std::uint64_t sets_refused_not_served = 0;            ///< completed after the key's slot left this node
   std::uint64_t sets_refused_cluster_down = 0;
+};
+
+// The references a held string has besides the key space's and the hold, main thread only: one
+// for each DMA.GET writing from it. A string whose key and hold have let it go is orphaned: the
+// reads' references are its last, and the last read to end frees it, off the main thread.
+struct Readers {
+  std::unordered_map<rm::String*, std::uint32_t> count;
+  std::unordered_set<rm::String*> orphaned;
 };
 
 // The bytes DMA.GET copies hold until their writes end, in all and per client (one DMA.HELLO
@@ -121,6 +147,13 @@ struct Module {
   std::optional<bool> server_adopts;
   bool watching_keys = false;  ///< subscribed to keyspace events, from the first value held on
   std::shared_ptr<dma::Pool> pool;
+  /// Allocates DMA.SET's value strings and submits their reads; frees what only the module
+  /// references. Joined before the service stops, so every read it submits is accepted or refused.
+  std::unique_ptr<dma_module::ValueWorkers> value_workers;
+  bool wake_each_job = false;  ///< a server without the event-loop event
+  /// DMA.GET writes submitted before the server sleeps: one wake-up of the fabric thread for all
+  /// the DMA.GETs of an event-loop iteration.
+  std::vector<std::pair<Transfer*, dma::TransferRequest<Operation>>> due;
   std::unique_ptr<Service> service;
   dma::EndpointInfo info;
   dma::kv::Confirmation confirmation = dma::kv::Confirmation::reply;  ///< what DMA.HELLO tells clients
@@ -131,6 +164,7 @@ struct Module {
   std::int64_t swept_ns = 0;    ///< when idle bindings were last dropped
   std::uint64_t maxmemory = 0;  ///< the server's: read at load and whenever CONFIG SET changes it
   GetCopies copies;
+  Readers readers;
 
   std::uint64_t copy_limit() const {
     return options.get_copy_limit.value_or(maxmemory != 0 ? std::max<std::uint64_t>(maxmemory / 8, 1)
@@ -145,7 +179,18 @@ struct Module {
 // before the server exits, while its thread may still be running.
 Module* module = nullptr;
 
+// Puts the calling thread in SCHED_BATCH: a thread that wakes it (the main thread, submitting a
+// transfer or handing a value worker a job) is not preempted by it and goes on; the kernel
+// schedules it at the next tick instead. Every thread the main thread wakes is put so: the value
+// workers as they start, the fabric thread and the pool's at their first completion.
+void not_preempting() {
+  const sched_param parameters{};
+  pthread_setschedparam(pthread_self(), SCHED_BATCH, &parameters);
+}
+
 void hand_over(std::span<dma::Completion<Operation>> batch) {
+  thread_local const bool batch_policy = (not_preempting(), true);
+  (void)batch_policy;
   const std::int64_t began = now_ns();
   for (auto& completion : batch) {
     Transfer* transfer = completion.caller_context.transfer;
@@ -159,6 +204,44 @@ void hand_over(std::span<dma::Completion<Operation>> batch) {
 }
 
 int error(rm::Ctx* ctx, const std::string& text) { return api.ReplyWithError(ctx, text.c_str()); }
+
+// Adds the time from its construction to its destruction to `total` (main-thread counters; the
+// steady clock, as the server's own command statistics).
+class Timed {
+ public:
+  explicit Timed(std::uint64_t& total) : total_(total), began_(now_ns()) {}
+  ~Timed() { total_ += static_cast<std::uint64_t>(now_ns() - began_); }
+  Timed(const Timed&) = delete;
+  Timed& operator=(const Timed&) = delete;
+
+ private:
+  std::uint64_t& total_;
+  std::int64_t began_;
+};
+
+// Hands `job` to the value workers, which run it once the server is about to sleep (or at once, on
+// a server without the event-loop event). False once they are closed (the module stopping).
+bool post(dma_module::ValueWorkers::Job job) {
+  if (!module->value_workers || !module->value_workers->post(std::move(job))) return false;
+  if (module->wake_each_job) module->value_workers->wake();
+  return true;
+}
+
+// Runs `job` on a value worker, or here once the workers are closed (the module stopping).
+template <typename Job>
+void off_main(Job job) {
+  if (!post(job)) job();
+}
+
+// Frees memory that only the module references, off the main thread: freeing a large value
+// returns its pages, which costs in proportion to its size.
+void free_off_main(rm::String* value, std::byte* copy) {
+  off_main([value, copy] {
+    if (value != nullptr) api.FreeString(nullptr, value);
+    std::free(copy);
+    module->counters.frees_off_main.fetch_add(1, std::memory_order_relaxed);
+  });
+}
 
 // Held references stay out of the way of eviction: a server that may evict counts the memory an
 // eviction frees across the delete alone, and a held value is freed only later, by the evicted
@@ -185,13 +268,48 @@ bool server_adopts(rm::Ctx* ctx, rm::String* name, rm::String* value) {
   return *module->server_adopts;
 }
 
+// Whether `key` holds `string` itself (not a copy of its bytes).
+bool key_holds(rm::Ctx* ctx, rm::String* key, rm::String* string) {
+  rm::Key* opened = api.OpenKey(ctx, key, rm::read | rm::open_key_notouch);
+  if (opened == nullptr) return false;
+  std::size_t length = 0;
+  const char* stored = api.KeyType(opened) == rm::keytype_string ? api.StringDMA(opened, &length, rm::read) : nullptr;
+  api.CloseKey(opened);
+  return stored != nullptr && stored == view(string).data();
+}
+
+// Drops the module's hold on `string`, which `key` held until `event`. When no other reference
+// can be left, the string is freed off the main thread (a large value's pages cost in proportion
+// to its size to return). The key space may still hold it after RENAME or MOVE (under another
+// name or database) or after an event that changed nothing; then the module's reference is one
+// of several and is dropped here, which frees nothing. The DMA.GETs writing from it keep it until
+// the last of them ends.
+void let_go(rm::Ctx* ctx, const char* event, rm::String* key, rm::String* string) {
+  const bool moved = std::strncmp(event, "rename_", 7) == 0 || std::strncmp(event, "move_", 5) == 0;
+  if (moved || key_holds(ctx, key, string)) return api.FreeString(nullptr, string);
+  auto& readers = module->readers;
+  if (!readers.count.contains(string)) return free_off_main(string, nullptr);
+  readers.orphaned.insert(string);
+  api.FreeString(nullptr, string);  // the reads' references remain
+}
+
+// A DMA.GET that wrote from a held string has ended: drops its reference.
+void end_read(rm::String* string) {
+  auto& readers = module->readers;
+  if (const auto it = readers.count.find(string); it != readers.count.end() && --it->second == 0) {
+    readers.count.erase(it);
+    if (readers.orphaned.erase(string) != 0) return free_off_main(string, nullptr);  // the last reference
+  }
+  api.FreeString(nullptr, string);
+}
+
 // Any change to a key lets its held value go: APPEND and SETRANGE have copied it already, and
 // DEL, overwrites, expiry, eviction and RENAME have dropped the key's reference, so the module's
 // would only keep old bytes alive. A TTL change leaves the value as it is.
 int key_changed(rm::Ctx* ctx, int, const char* event, rm::String* key) {
   if (module == nullptr || module->held.count() == 0) return rm::ok;
   if (std::strcmp(event, "expire") == 0 || std::strcmp(event, "persist") == 0) return rm::ok;
-  module->held.release(api.GetSelectedDb(ctx), view(key));
+  if (auto held = module->held.take(api.GetSelectedDb(ctx), view(key))) let_go(ctx, event, key, held->string);
   return rm::ok;
 }
 
@@ -232,6 +350,7 @@ const dma_module::HeldValues::Value* held_for(rm::Ctx* ctx, rm::String* key, con
     return nullptr;
   }
   api.RetainString(nullptr, held->string);
+  ++module->readers.count[held->string];
   return held;
 }
 
@@ -267,6 +386,7 @@ std::string commit_refusal(rm::Ctx* ctx, rm::String* key) {
 int reply(rm::Ctx* ctx, rm::String**, int) {
   auto* transfer = static_cast<Transfer*>(api.GetBlockedClientPrivateData(ctx));
   auto& counters = module->counters;
+  const Timed timed(transfer->set ? counters.set_reply_ns : counters.get_reply_ns);
   const auto& outcome = transfer->outcome;
   if (!outcome) return error(ctx, errors::transfer_failed(outcome.message()));
   const std::uint32_t crc = transfer->known_crc.value_or(outcome->checksum.value_or(0));
@@ -284,9 +404,12 @@ int reply(rm::Ctx* ctx, rm::String**, int) {
     api.FreeString(ctx, name);
     return error(ctx, refusal);  // release() frees the value
   }
+  const std::int64_t storing = now_ns();
   rm::Key* key = api.OpenKey(ctx, name, rm::write);
   api.StringSet(key, transfer->value);
   api.CloseKey(key);
+  counters.set_store_ns += static_cast<std::uint64_t>(now_ns() - storing);
+  transfer->value_private = !server_adopts(ctx, name, transfer->value);
   api.NotifyKeyspaceEvent(ctx, rm::notify_string, "set", name);
   api.Replicate(ctx, "SET", "ss", name, transfer->value);
   hold(ctx, name, *transfer, crc);
@@ -298,6 +421,7 @@ int reply(rm::Ctx* ctx, rm::String**, int) {
 void release(rm::Ctx*, void* data) {
   auto* transfer = static_cast<Transfer*>(data);
   auto& counters = module->counters;
+  const Timed timed(counters.release_ns);
   raise(counters.handoff_max_ns, now_ns() - transfer->completed_ns);
   if (transfer->outcome) {
     ++counters.transfers_ok;
@@ -308,10 +432,14 @@ void release(rm::Ctx*, void* data) {
     if (transfer->outcome.error() == std::errc::timed_out) ++counters.transfers_timed_out;
   }
   --(transfer->set ? counters.sets_in_flight : counters.gets_in_flight);
-  if (transfer->value != nullptr) {
-    api.FreeString(nullptr, transfer->value);
+  if (transfer->value != nullptr && transfer->value_private) {
+    free_off_main(transfer->value, nullptr);
+  } else if (transfer->value != nullptr && !transfer->set) {
+    end_read(transfer->value);
+  } else if (transfer->value != nullptr) {
+    api.FreeString(nullptr, transfer->value);  // shared with the key space: main thread only
   } else if (!transfer->set && transfer->bytes != nullptr) {
-    std::free(transfer->bytes);
+    free_off_main(nullptr, transfer->bytes);
   }
   if (transfer->copy_owner) {
     auto& copies = module->copies;
@@ -324,7 +452,32 @@ void release(rm::Ctx*, void* data) {
 
 void client_left(rm::Ctx*, rm::BlockedClient*) { ++module->counters.replies_dropped; }
 
-// Blocks the client and submits; the completer unblocks it.
+// Submits a transfer whose client is blocked; any thread. A refused one is handed back failed.
+void submit(Transfer* transfer, dma::TransferRequest<Operation> request) {
+  if (module->service->submit(std::move(request))) {
+    transfer->outcome = dma::Outcome(dma::make_error_code(dma::errc::shutdown));
+    transfer->completed_ns = now_ns();
+    api.UnblockClient(transfer->blocked, transfer);
+  }
+}
+
+// A DMA.SET's value string, on a value worker: one the server allocates (so it counts in
+// used_memory and maxmemory from here on), zero-filled (a value never holds bytes the process had
+// before), which the read fills and the reply stores; then the read is submitted.
+void allocate_and_submit(Transfer* transfer, dma::TransferRequest<Operation> request) {
+  const std::int64_t began = now_ns();
+  transfer->value = api.CreateString(nullptr, nullptr, transfer->length);
+  transfer->value_private = true;
+  // Written before anyone else sees the string: it is stored only after the read completed.
+  transfer->bytes = reinterpret_cast<std::byte*>(const_cast<char*>(view(transfer->value).data()));
+  auto& counters = module->counters;
+  counters.set_alloc_ns.fetch_add(static_cast<std::uint64_t>(now_ns() - began), std::memory_order_relaxed);
+  counters.set_alloc_bytes.fetch_add(transfer->length, std::memory_order_relaxed);
+  submit(transfer, std::move(request));
+}
+
+// Blocks the client and submits (a DMA.SET through a value worker, which allocates its value
+// first); the completer unblocks it.
 void start(rm::Ctx* ctx, Transfer* transfer, const dma::kv::Binding& peer, std::uint64_t rkey, std::uint64_t address) {
   auto& counters = module->counters;
   ++(transfer->set ? counters.sets_in_flight : counters.gets_in_flight);
@@ -340,7 +493,11 @@ void start(rm::Ctx* ctx, Transfer* transfer, const dma::kv::Binding& peer, std::
   request.want_checksum = !transfer->known_crc;
   request.immediate_data = transfer->token;  // the client's Target hears it once the bytes have landed
   request.caller_context = Operation{transfer};
-  if (module->service->submit(std::move(request))) {
+  if (!transfer->set && module->wake_each_job) return submit(transfer, std::move(request));
+  if (!transfer->set) return module->due.emplace_back(transfer, std::move(request)), void();
+  // A job the workers refuse (closed: the module stopping) runs here, and its read is refused.
+  auto job = [transfer, request = std::move(request)]() mutable { allocate_and_submit(transfer, std::move(request)); };
+  if (!post(std::move(job))) {
     transfer->outcome = dma::Outcome(dma::make_error_code(dma::errc::shutdown));
     transfer->completed_ns = now_ns();
     api.UnblockClient(transfer->blocked, transfer);
@@ -451,19 +608,16 @@ int hello(rm::Ctx* ctx, rm::String** argv, int argc) {
 }
 
 int dma_set(rm::Ctx* ctx, rm::String** argv, int argc) {
+  auto& counters = module->counters;
+  ++counters.set_calls;
+  const Timed timed(counters.set_command_ns);
   const auto request = dma::kv::parse_set(views(argv, argc), module->options.max_value);
   if (!request.error.empty()) return error(ctx, request.error);
   const auto peer = client_of(ctx, "DMA.SET", request.client);
   if (!peer) return rm::ok;
   const auto length = static_cast<std::size_t>(request.window.length);
-  // A string the server allocates (so it counts in used_memory and maxmemory), which the read
-  // fills and StringSet then stores: Redis 7.0 keeps this very object, Valkey 8.1 copies it.
-  const std::int64_t began = now_ns();
-  rm::String* value = api.CreateString(nullptr, nullptr, length);
-  auto& counters = module->counters;
-  counters.set_alloc_ns += static_cast<std::uint64_t>(now_ns() - began);
-  counters.set_alloc_bytes += length;
   if (length == 0) {
+    rm::String* value = api.CreateString(nullptr, nullptr, 0);
     rm::Key* key = api.OpenKey(ctx, argv[1], rm::write);
     api.StringSet(key, value);
     api.CloseKey(key);
@@ -475,10 +629,7 @@ int dma_set(rm::Ctx* ctx, rm::String** argv, int argc) {
   auto* transfer = new Transfer;
   transfer->set = true;
   transfer->key = view(argv[1]);
-  transfer->value = value;
-  // Written before anyone else sees the string: it is stored only after the read completed.
-  transfer->bytes = reinterpret_cast<std::byte*>(const_cast<char*>(view(value).data()));
-  transfer->length = length;
+  transfer->length = length;  // the value string is allocated off the main thread (start)
   transfer->expected_crc = request.crc;
   start(ctx, transfer, *peer, request.window.rkey, request.window.address);
   return rm::ok;
@@ -508,6 +659,8 @@ std::string refuse_copy(const std::string& owner, std::size_t length) {
 }
 
 int dma_get(rm::Ctx* ctx, rm::String** argv, int argc) {
+  ++module->counters.get_calls;
+  const Timed timed(module->counters.get_command_ns);
   const auto request = dma::kv::parse_get(views(argv, argc));
   if (!request.error.empty()) return error(ctx, request.error);
   const auto peer = client_of(ctx, "DMA.GET", request.client);
@@ -629,12 +782,24 @@ std::string info_text() {
       t.field("gets_from_held", c.gets_from_held);
       t.field("held_values", module->held.count());
       t.field("held_bytes", module->held.bytes());
-      t.field("set_alloc_bytes", c.set_alloc_bytes);
-      t.field("set_alloc_us", c.set_alloc_ns / 1000);
+      t.field("set_alloc_bytes", c.set_alloc_bytes.load(std::memory_order_relaxed));
+      t.field("set_alloc_us", c.set_alloc_ns.load(std::memory_order_relaxed) / 1000);
+      t.field("frees_off_main", c.frees_off_main.load(std::memory_order_relaxed));
       t.field("completions_handed", c.handed.load(std::memory_order_relaxed));
       t.field("completer_max_us",
               static_cast<std::uint64_t>(c.completer_max_ns.load(std::memory_order_relaxed) / 1000));
       t.field("handoff_max_us", static_cast<std::uint64_t>(c.handoff_max_ns.load(std::memory_order_relaxed) / 1000));
+    } else if (section == Section::commands) {
+      t.field("set_calls", c.set_calls);
+      t.field("set_command_us", c.set_command_ns / 1000);
+      t.field("set_reply_us", c.set_reply_ns / 1000);
+      t.field("set_store_us", c.set_store_ns / 1000);
+      t.field("get_calls", c.get_calls);
+      t.field("get_command_us", c.get_command_ns / 1000);
+      t.field("get_reply_us", c.get_reply_ns / 1000);
+      t.field("release_us", c.release_ns / 1000);
+      const std::uint64_t total = c.set_command_ns + c.set_reply_ns + c.get_command_ns + c.get_reply_ns + c.release_ns;
+      t.field("main_thread_us", total / 1000);
     } else if (section == Section::service) {
       t.field("completer_failures", module->service->completer_failures());
     }
@@ -654,9 +819,19 @@ bool busy() {
   return c.sets_in_flight + c.gets_in_flight > 0 || (module->service && module->service->outstanding() > 0);
 }
 
+// Submits the DMA.GET writes of this event-loop iteration and wakes the value worker its jobs went
+// to: the main thread wakes each thread once per iteration at most.
+void hand_over_iteration() {
+  for (auto& [transfer, request] : std::exchange(module->due, {}))
+    submit(transfer, std::move(request));
+  if (module->value_workers) module->value_workers->wake();
+}
+
 // Stops the service: posted transfers finish (bounded by the progress deadline) and every
 // completion reaches the completer before this returns.
 void stop() {
+  if (module->service) hand_over_iteration();
+  if (module->value_workers) module->value_workers->join();  // its reads reach the service first
   module->service.reset();
   if (module->pool) module->pool->join();
   module->held.clear();
@@ -674,6 +849,10 @@ void client_changed(rm::Ctx*, rm::Event, std::uint64_t subevent, void* data) {
 }
 
 void cron(rm::Ctx*, rm::Event, std::uint64_t, void*) { sweep_bindings(); }
+
+void before_sleep(rm::Ctx*, rm::Event, std::uint64_t subevent, void*) {
+  if (module != nullptr && subevent == rm::subevent_before_sleep) hand_over_iteration();
+}
 
 // The server's maxmemory, which sets the default DMA.GET copy limits.
 void read_maxmemory(rm::Ctx* ctx) {
@@ -713,6 +892,8 @@ int load(rm::Ctx* ctx, rm::String** argv, int argc) {
   try {
     const auto configuration = loaded->options.configuration();
     if (loaded->options.pool_threads > 0) loaded->pool = std::make_shared<dma::Pool>(loaded->options.pool_threads);
+    loaded->value_workers = std::make_unique<dma_module::ValueWorkers>(
+        std::max<std::size_t>(loaded->options.pool_threads, 1), "dma-value", not_preempting);
     module = loaded.get();  // the completer reads the counters through it
     loaded->service = Service::start(configuration, hand_over, loaded->pool);
   } catch (const std::exception& e) {
@@ -763,6 +944,10 @@ int load(rm::Ctx* ctx, rm::String** argv, int argc) {
   api.SubscribeToServerEvent(ctx, rm::event_swapdb, swapping);
   api.SubscribeToServerEvent(ctx, rm::event_config, config_changed);
   api.SubscribeToServerEvent(ctx, rm::event_cron_loop, cron);
+  if (api.SubscribeToServerEvent(ctx, rm::event_loop, before_sleep) != rm::ok) {
+    api.Log(ctx, "warning", "dma: the server has no event-loop event: the value workers are woken for each job");
+    module->wake_each_job = true;
+  }
   read_maxmemory(ctx);
   api.Log(ctx, "notice", "dma: fabric %s, address %s, max-value %zu, DMA.GET confirmed by %s",
           module->info.provider.c_str(), module->address_hex.c_str(),

@@ -40,13 +40,19 @@ const HeldValues::Value* HeldValues::find(int db, std::string_view key) const {
 }
 
 void HeldValues::release(int db, std::string_view key) {
-  if (db < 0 || static_cast<std::size_t>(db) >= dbs_.size()) return;
+  if (auto value = take(db, key)) release_(value->string);
+}
+
+std::optional<HeldValues::Value> HeldValues::take(int db, std::string_view key) {
+  if (db < 0 || static_cast<std::size_t>(db) >= dbs_.size()) return std::nullopt;
   Keys& keys = dbs_[static_cast<std::size_t>(db)];
   const auto it = keys.find(key);
-  if (it == keys.end()) return;
+  if (it == keys.end()) return std::nullopt;
   const Value value = it->second;
   keys.erase(it);
-  drop(value);
+  --count_;
+  bytes_ -= value.length;
+  return value;
 }
 
 void HeldValues::release_db(int db) {

@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -39,6 +40,9 @@ class HeldValues {
   const Value* find(int db, std::string_view key) const;
   /// Releases what is held for `key` of `db`, if anything.
   void release(int db, std::string_view key);
+  /// Stops holding what is held for `key` of `db` and hands it over, reference included; nullopt
+  /// when nothing is.
+  std::optional<Value> take(int db, std::string_view key);
   /// Releases everything held for `db`, or for every database when `db` is -1.
   void release_db(int db);
   /// SWAPDB: the keys of `a` and `b` trade places.

@@ -27,6 +27,7 @@ inline constexpr int api_version_1 = 1;
 /// OpenKey modes.
 inline constexpr int read = 1 << 0;
 inline constexpr int write = 1 << 1;
+inline constexpr int open_key_notouch = 1 << 16;  ///< OpenKey leaves the key's LRU/LFU as it is
 
 /// KeyType results.
 inline constexpr int keytype_empty = 0;
@@ -54,6 +55,8 @@ inline constexpr Event event_flushdb{2, 1};
 inline constexpr Event event_client_change{4, 1};
 inline constexpr Event event_shutdown{5, 1};
 inline constexpr Event event_cron_loop{8, 1};  ///< every server cron tick (hz times a second)
+inline constexpr Event event_loop{15, 1};      ///< every event-loop iteration, before and after sleeping
+inline constexpr std::uint64_t subevent_before_sleep = 0;
 inline constexpr Event event_swapdb{11, 1};
 inline constexpr Event event_config{16, 1};
 inline constexpr std::uint64_t subevent_client_disconnected = 1;

@@ -1,12 +1,19 @@
-// The module's parts that need no server (examples/redis_module/: its arguments and its held
-// values), built in every build, sanitizer builds included.
+// The module's parts that need no server (examples/redis_module/: its arguments, its held values
+// and its value workers), built in every build, sanitizer builds included.
 #include "held_values.hpp"
 #include "options.hpp"
+#include "value_workers.hpp"
 
 #include "../catch.hpp"
 
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <mutex>
+#include <stdexcept>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -14,6 +21,17 @@ namespace {
 std::string parse(std::initializer_list<std::string_view> arguments, dma_module::Options& options) {
   const std::vector<std::string_view> list(arguments);
   return dma_module::parse_options(list, options);
+}
+
+// Waits up to 10 s for `done`; whether it came.
+template <typename Done>
+bool eventually(Done done) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
 }
 
 // A stand-in for the server's strings: the test counts the references the module lets go.
@@ -86,4 +104,70 @@ TEST_CASE("held values: one reference each, let go exactly once", "[module-core]
   }
   // The destructor lets go of the rest.
   CHECK(released == std::vector<rm::String*>{fake(1), fake(2), fake(4), fake(3)});
+}
+
+TEST_CASE("value workers: jobs run once each, after the iteration's wake", "[module-core]") {
+  std::atomic<int> started{0};
+  std::mutex mutex;
+  std::vector<int> order;
+  std::vector<std::thread::id> threads;
+  dma_module::ValueWorkers workers(2, "test-value", [&] { ++started; });  // joined before those go
+  REQUIRE(eventually([&] { return started == 2; }));
+  CHECK(workers.size() == 2);
+  auto job = [&](int n) {
+    return [&, n] {
+      const std::lock_guard lock(mutex);
+      order.push_back(n);
+      threads.push_back(std::this_thread::get_id());
+    };
+  };
+  // One iteration's jobs go to one worker, in the order posted.
+  for (int n = 0; n < 100; ++n)
+    REQUIRE(workers.post(job(n)));
+  workers.wake();
+  REQUIRE(eventually([&] { return workers.ran() == 100; }));
+  {
+    const std::lock_guard lock(mutex);
+    for (int n = 0; n < 100; ++n)
+      CHECK(order[static_cast<std::size_t>(n)] == n);
+    CHECK(std::count(threads.begin(), threads.end(), threads.front()) == 100);
+  }
+  // The next iteration's go to the other worker.
+  REQUIRE(workers.post(job(100)));
+  workers.wake();
+  REQUIRE(eventually([&] { return workers.ran() == 101; }));
+  {
+    const std::lock_guard lock(mutex);
+    CHECK(threads.back() != threads.front());
+  }
+  // A job that throws is counted, and the worker goes on.
+  REQUIRE(workers.post([] { throw std::runtime_error("job"); }));
+  REQUIRE(workers.post(job(101)));
+  workers.wake();
+  REQUIRE(eventually([&] { return workers.ran() == 103; }));
+  CHECK(workers.failed() == 1);
+  CHECK(workers.post({}) == false);  // an empty job is refused
+}
+
+TEST_CASE("value workers: join runs what was posted, even unwoken, and refuses what follows", "[module-core]") {
+  std::atomic<int> ran{0};
+  {
+    dma_module::ValueWorkers workers(1, "test-value");
+    for (int n = 0; n < 10; ++n)
+      REQUIRE(workers.post([&] { ++ran; }));
+    workers.join();  // no wake(): the jobs still run, before join returns
+    CHECK(ran == 10);
+    CHECK(workers.post([&] { ++ran; }) == false);
+    workers.join();  // idempotent
+  }
+  CHECK(ran == 10);
+  // The destructor joins too.
+  {
+    dma_module::ValueWorkers workers(3, "test-value");
+    for (int n = 0; n < 30; ++n) {
+      REQUIRE(workers.post([&] { ++ran; }));
+      if (n % 7 == 0) workers.wake();
+    }
+  }
+  CHECK(ran == 40);
 }

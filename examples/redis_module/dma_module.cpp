@@ -10,6 +10,7 @@
 #include <dma/kv/hello_bindings.hpp>
 #include <dma/kv/protocol.hpp>
 
+#include "copy_buffers.hpp"
 #include "held_values.hpp"
 #include "module_api.hpp"
 #include "options.hpp"
@@ -74,9 +75,10 @@ struct Transfer {
   /// Whether `value`'s only reference is the transfer's (a DMA.SET value not stored, or one the
   /// server stored a copy of): then any thread may free it.
   bool value_private = false;
-  /// DMA.SET: inside `value`. DMA.GET: inside `value`, or a copy taken by std::malloc.
+  /// DMA.SET: inside `value`. DMA.GET: inside `value`, or a copy (a CopyBuffers buffer).
   std::byte* bytes = nullptr;
   std::size_t length = 0;
+  std::size_t copy_capacity = 0;  ///< DMA.GET from a copy: its buffer's size
   std::optional<std::uint32_t> expected_crc;
   std::optional<std::uint32_t> known_crc;  ///< DMA.GET from a held value: its CRC, not computed again
   std::optional<std::uint64_t> token;      ///< DMA.GET: the client's, sent as the write's immediate data
@@ -164,6 +166,7 @@ struct Module {
   std::int64_t swept_ns = 0;    ///< when idle bindings were last dropped
   std::uint64_t maxmemory = 0;  ///< the server's: read at load and whenever CONFIG SET changes it
   GetCopies copies;
+  std::unique_ptr<dma_module::CopyBuffers> copy_buffers;
   Readers readers;
 
   std::uint64_t copy_limit() const {
@@ -439,13 +442,15 @@ void release(rm::Ctx*, void* data) {
   } else if (transfer->value != nullptr) {
     api.FreeString(nullptr, transfer->value);  // shared with the key space: main thread only
   } else if (!transfer->set && transfer->bytes != nullptr) {
-    free_off_main(nullptr, transfer->bytes);
+    if (auto back = module->copy_buffers->give({transfer->bytes, transfer->copy_capacity})) {
+      free_off_main(nullptr, back->data);
+    }
   }
   if (transfer->copy_owner) {
     auto& copies = module->copies;
-    copies.held -= transfer->length;
+    copies.held -= transfer->copy_capacity;
     const auto it = copies.by_client.find(*transfer->copy_owner);
-    if (it != copies.by_client.end() && (it->second -= transfer->length) == 0) copies.by_client.erase(it);
+    if (it != copies.by_client.end() && (it->second -= transfer->copy_capacity) == 0) copies.by_client.erase(it);
   }
   delete transfer;
 }
@@ -714,22 +719,23 @@ int dma_get(rm::Ctx* ctx, rm::String** argv, int argc) {
     return error(ctx, why);
   }
   const std::int64_t began = now_ns();
-  auto* copy = static_cast<std::byte*>(std::malloc(length));
-  if (copy == nullptr) {
+  const auto copy = module->copy_buffers->take(length, Clock::now());
+  if (copy.data == nullptr) {
     api.CloseKey(key);
     return error(ctx, errors::copy_out_of_memory(length));
   }
-  std::memcpy(copy, stored, length);
+  std::memcpy(copy.data, stored, length);
   api.CloseKey(key);
   counters.get_copy_ns += static_cast<std::uint64_t>(now_ns() - began);
   counters.get_copy_bytes += length;
   ++counters.get_copies;
-  module->copies.held += length;
-  module->copies.by_client[owner] += length;
+  module->copies.held += copy.capacity;
+  module->copies.by_client[owner] += copy.capacity;
   auto* transfer = new Transfer;
   transfer->key = view(argv[1]);
-  transfer->bytes = copy;
+  transfer->bytes = copy.data;
   transfer->length = length;
+  transfer->copy_capacity = copy.capacity;
   transfer->token = token;
   transfer->copy_owner = std::move(owner);
   start(ctx, transfer, *peer, window->rkey, window->address);
@@ -772,6 +778,8 @@ std::string info_text() {
       t.field("get_copy_bytes", c.get_copy_bytes);
       t.field("get_copy_us", c.get_copy_ns / 1000);
       t.field("get_copies_held_bytes", module->copies.held);
+      t.field("get_copy_buffers_kept_bytes", module->copy_buffers->kept_bytes());
+      t.field("get_copy_buffers_reused", module->copy_buffers->reused());
       t.field("get_copy_limit", module->copy_limit());
       t.field("get_copy_client_limit", module->copy_client_limit());
       t.field("gets_refused_copy_limit", c.gets_refused_copy_limit);
@@ -848,7 +856,18 @@ void client_changed(rm::Ctx*, rm::Event, std::uint64_t subevent, void* data) {
   --module->counters.dma_clients;
 }
 
-void cron(rm::Ctx*, rm::Event, std::uint64_t, void*) { sweep_bindings(); }
+// Lets the kept copy buffers go once no DMA.GET has taken a copy for 10 s.
+void release_idle_copy_buffers() {
+  auto& buffers = *module->copy_buffers;
+  if (buffers.kept_bytes() == 0 || Clock::now() - buffers.last_taken() < std::chrono::seconds(10)) return;
+  for (const auto& buffer : buffers.drain())
+    free_off_main(nullptr, buffer.data);
+}
+
+void cron(rm::Ctx*, rm::Event, std::uint64_t, void*) {
+  sweep_bindings();
+  if (module != nullptr) release_idle_copy_buffers();
+}
 
 void before_sleep(rm::Ctx*, rm::Event, std::uint64_t subevent, void*) {
   if (module != nullptr && subevent == rm::subevent_before_sleep) hand_over_iteration();
@@ -887,6 +906,7 @@ int load(rm::Ctx* ctx, rm::String** argv, int argc) {
     api.Log(ctx, "warning", "dma: %s", why.c_str());
     return rm::err;
   }
+  loaded->copy_buffers = std::make_unique<dma_module::CopyBuffers>(loaded->options.get_copy_cache);
   loaded->bindings = std::make_unique<dma::kv::HelloBindings>(dma::kv::HelloBindings::Limits{
       loaded->options.max_hello_bindings, std::chrono::seconds(loaded->options.hello_idle_seconds)});
   try {

@@ -57,9 +57,11 @@ std::string parse_options(std::span<const std::string_view> arguments, Options& 
       if (why = parse_number(key, value, 1, number); why.empty()) options.get_copy_limit = number;
     } else if (key == "get-copy-client-limit") {
       if (why = parse_number(key, value, 1, number); why.empty()) options.get_copy_client_limit = number;
+    } else if (key == "get-copy-cache") {
+      if (why = parse_number(key, value, 0, number); why.empty()) options.get_copy_cache = number;
     } else {
       why = "unknown argument " + dma::kv::quote(key) +
-            " (config, bind, efa, pool-threads, hold-values, get-copy-limit, get-copy-client-limit";
+            " (config, bind, efa, pool-threads, hold-values, get-copy-limit, get-copy-client-limit, get-copy-cache";
       for (const auto& setting : dma::kv::settings) {
         why += ", ";
         why += setting.name;

@@ -18,6 +18,9 @@ namespace dma_module {
 /// The total DMA.GET copy limit of a server without maxmemory.
 inline constexpr std::uint64_t default_get_copy_limit = std::uint64_t{1} << 30;
 
+/// The bytes of DMA.GET copy buffers kept for reuse, by default.
+inline constexpr std::uint64_t default_get_copy_cache = std::uint64_t{64} << 20;
+
 /// The protocol's settings (dma::kv::ServerSettings: max-value, allow-any-fabric-host,
 /// transfer-deadline-ms, confirm-gets, max-hello-bindings, hello-idle-seconds), and the module's own.
 struct Options : dma::kv::ServerSettings {
@@ -33,6 +36,8 @@ struct Options : dma::kv::ServerSettings {
   /// Bytes the DMA.GET copies of one client (one DMA.HELLO fabric address) may hold; none: a
   /// quarter of the total limit.
   std::optional<std::uint64_t> get_copy_client_limit;
+  /// Bytes of DMA.GET copy buffers kept for reuse once their writes end (0: none kept).
+  std::uint64_t get_copy_cache = default_get_copy_cache;
 
   /// The service's configuration: the TOML file's table, then these overrides. Throws
   /// dma::ConfigurationError for a bad file.

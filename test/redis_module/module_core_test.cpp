@@ -1,5 +1,6 @@
-// The module's parts that need no server (examples/redis_module/: its arguments, its held values
-// and its value workers), built in every build, sanitizer builds included.
+// The module's parts that need no server (examples/redis_module/: its arguments, its held values,
+// its value workers and its copy buffers), built in every build, sanitizer builds included.
+#include "copy_buffers.hpp"
 #include "held_values.hpp"
 #include "options.hpp"
 #include "value_workers.hpp"
@@ -9,6 +10,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -43,7 +45,8 @@ TEST_CASE("the module's arguments", "[module-core]") {
   dma_module::Options options;
   REQUIRE(
       parse({"max-value", "4096", "efa", "no", "hold-values", "no", "pool-threads", "0", "confirm-gets", "notification",
-             "get-copy-limit", "100", "max-hello-bindings", "8", "hello-idle-seconds", "5", "bind", "127.0.0.2"},
+             "get-copy-limit", "100", "max-hello-bindings", "8", "hello-idle-seconds", "5", "bind", "127.0.0.2",
+             "get-copy-cache", "0"},
             options)
           .empty());
   CHECK(options.max_value == 4096);
@@ -51,6 +54,8 @@ TEST_CASE("the module's arguments", "[module-core]") {
   CHECK(options.pool_threads == 0);
   CHECK(options.confirm_gets == dma::kv::Confirmation::notification);
   CHECK(options.get_copy_limit == 100u);
+  CHECK(options.get_copy_cache == 0u);
+  CHECK(dma_module::Options{}.get_copy_cache == dma_module::default_get_copy_cache);
   CHECK(options.max_hello_bindings == 8);
   CHECK(options.hello_idle_seconds == 5);
   CHECK(options.configuration().bind == "127.0.0.2");
@@ -170,4 +175,49 @@ TEST_CASE("value workers: join runs what was posted, even unwoken, and refuses w
     }
   }
   CHECK(ran == 40);
+}
+
+TEST_CASE("copy buffers: kept up to the limit, reused for the same size or up to an eighth more", "[module-core]") {
+  const auto now = std::chrono::steady_clock::now();
+  dma_module::CopyBuffers buffers(3 << 20);
+  auto a = buffers.take(1 << 20, now);
+  REQUIRE(a.data != nullptr);
+  CHECK(a.capacity == 1 << 20);
+  CHECK(buffers.reused() == 0);
+  CHECK_FALSE(buffers.give(a));  // kept
+  CHECK(buffers.kept_bytes() == 1 << 20);
+
+  auto b = buffers.take((1 << 20) - 1000, now);  // within an eighth: the kept one
+  CHECK(b.data == a.data);
+  CHECK(b.capacity == 1 << 20);
+  CHECK(buffers.reused() == 1);
+  CHECK(buffers.kept_bytes() == 0);
+  CHECK_FALSE(buffers.give(b));
+
+  auto small = buffers.take(4096, now);  // far smaller: a new buffer, the large one stays kept
+  CHECK(small.data != a.data);
+  CHECK(small.capacity == 4096);
+  std::free(small.data);
+
+  auto c = buffers.take(2 << 20, now);  // larger: new
+  auto d = buffers.take(2 << 20, now);
+  CHECK_FALSE(buffers.give(c));  // 3 MiB kept: at the limit
+  const auto back = buffers.give(d);  // over it: handed back to free
+  REQUIRE(back);
+  CHECK(back->data == d.data);
+  std::free(back->data);
+  CHECK(buffers.kept_bytes() == 3 << 20);
+  CHECK(buffers.last_taken() == now);
+
+  const auto all = buffers.drain();
+  CHECK(all.size() == 2);
+  CHECK(buffers.kept_bytes() == 0);
+  for (const auto& buffer : all)
+    std::free(buffer.data);
+
+  dma_module::CopyBuffers none(0);  // keeps nothing
+  auto e = none.take(100, now);
+  const auto returned = none.give(e);
+  REQUIRE(returned);
+  std::free(returned->data);
 }

@@ -163,6 +163,61 @@ TEST_CASE("a held value goes when its key changes, is emptied, or the server may
   }
 }
 
+// Waits (bounded, 20 s) until a DMA.INFO number reaches `least`; returns the last reading.
+std::uint64_t wait_for_at_least(Resp& resp, const std::string& field, std::uint64_t least) {
+  const auto until = std::chrono::steady_clock::now() + 20s;
+  std::uint64_t seen = info_value(resp, field);
+  while (seen < least && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(10ms);
+    seen = info_value(resp, field);
+  }
+  return seen;
+}
+
+TEST_CASE("values are allocated and freed off the main thread, and DMA.INFO counts the main thread's time",
+          "[module]") {
+  constexpr std::size_t size = 256 << 10;
+  ModuleServer server;
+  Resp resp(server.port());
+  Peer peer(size);
+  std::memcpy(peer.memory().data(), pattern_text("m", size).data(), size);
+  hello(resp, peer);
+  const bool keeps = server_keeps_module_strings(resp);
+  const auto memory_before = std::stoull(server_info(resp, "used_memory"));
+  for (const char* key : {"a", "b", "c", "a", "b"})
+    require_ok(resp.command(peer.window("DMA.SET", key, size)));
+  CHECK(info_value(resp, "set_calls") == 5);
+  CHECK(info_value(resp, "set_alloc_bytes") == 5 * size);
+  CHECK(std::stoull(server_info(resp, "used_memory")) >= memory_before + 3 * size);
+  // Two values overwritten; on a server that stores a copy, also each DMA.SET's own string.
+  const std::uint64_t freed = keeps ? 2 : 5;
+  CHECK(wait_for_at_least(resp, "frees_off_main", freed) == freed);
+
+  // A DMA.GET of a value SET stored writes from a copy, whose buffer the next such DMA.GET reuses.
+  require_ok(resp.command({"SET", "inline", pattern_text("inline", size)}));
+  for (int i = 0; i < 2; ++i) {
+    const auto reply = resp.command(peer.window("DMA.GET", "inline", size));
+    REQUIRE(reply.type == dma::kv::resp::Reply::Type::array);
+    CHECK(std::string(reinterpret_cast<const char*>(peer.memory().data()), size) == pattern_text("inline", size));
+  }
+  CHECK(info_value(resp, "get_copies") == 2);
+  CHECK(info_value(resp, "get_copy_buffers_reused") == 1);
+  CHECK(wait_for_at_least(resp, "get_copy_buffers_kept_bytes", size) == size);
+  CHECK(info_value(resp, "get_calls") == 2);
+  CHECK(info_value(resp, "main_thread_us") >= info_value(resp, "set_command_us") + info_value(resp, "set_reply_us"));
+
+  // Deleted, the values' memory goes back (freed by the value workers, so shortly after).
+  CHECK(resp.command({"DEL", "a", "b", "c", "inline"}).integer == 4);
+  const auto until = std::chrono::steady_clock::now() + 20s;
+  auto memory = std::stoull(server_info(resp, "used_memory"));
+  while (memory > memory_before + size && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(10ms);
+    memory = std::stoull(server_info(resp, "used_memory"));
+  }
+  INFO("used_memory " << memory_before << " before, " << memory << " after DEL");
+  CHECK(memory <= memory_before + size);
+}
+
 TEST_CASE("DMA.HELLO binds one fabric address of the client's own host per connection", "[module]") {
   ModuleServer server;
   Peer peer(4096);

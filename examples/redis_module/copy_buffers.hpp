@@ -1,15 +1,15 @@
 // The buffers DMA.GET copies are taken into, kept for reuse once their writes end. Memory the
 // process maps afresh costs a page fault per page the first time the copy writes it, on the main
 // thread; a buffer that comes back is mapped already. On this project's virtual machine a fresh
-// 16 MiB copy took 16 to 25 ms, most of it faulting, where a copy into mapped memory takes a few.
-// Main thread only.
+// 16 MiB copy took 16 to 25 ms, most of it faulting, where a copy into mapped memory takes about 2.
+// Buffers under 128 KiB are not kept: the C library's heap reuses those without a fault. Main
+// thread only.
 #pragma once
 
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <map>
-#include <optional>
 #include <vector>
 
 namespace dma_module {
@@ -20,6 +20,8 @@ class CopyBuffers {
     std::byte* data = nullptr;
     std::size_t capacity = 0;
   };
+  /// The smallest buffer kept.
+  static constexpr std::size_t smallest_kept = 128 << 10;
 
   /// Keeps at most `limit` bytes of buffers (0: keeps none).
   explicit CopyBuffers(std::uint64_t limit) : limit_(limit) {}
@@ -32,9 +34,10 @@ class CopyBuffers {
   /// take a large buffer), or else a new one of `length` bytes from std::malloc; data is null when
   /// that fails. `now` is when it is taken (see last_taken()).
   Buffer take(std::size_t length, std::chrono::steady_clock::time_point now);
-  /// Keeps `buffer` if the bytes kept stay within the limit; otherwise hands it back, for the
-  /// caller to free (std::free).
-  std::optional<Buffer> give(Buffer buffer);
+  /// Keeps `buffer`, letting the buffers kept longest go if the bytes kept would pass the limit;
+  /// returns what is let go (`buffer` itself when it is not kept), for the caller to free
+  /// (std::free).
+  std::vector<Buffer> give(Buffer buffer);
   /// Hands back everything kept, for the caller to free.
   std::vector<Buffer> drain();
 
@@ -44,8 +47,16 @@ class CopyBuffers {
   std::chrono::steady_clock::time_point last_taken() const noexcept { return last_taken_; }
 
  private:
+  struct Kept {
+    std::byte* data = nullptr;
+    std::uint64_t age = 0;  ///< when it was given, in gives
+  };
+  using BySize = std::multimap<std::size_t, Kept>;
+
   std::uint64_t limit_;
-  std::multimap<std::size_t, std::byte*> kept_buffers_;  ///< by capacity
+  BySize by_size_;
+  std::map<std::uint64_t, BySize::iterator> by_age_;
+  std::uint64_t gives_ = 0;
   std::uint64_t kept_ = 0;
   std::uint64_t reused_ = 0;
   std::chrono::steady_clock::time_point last_taken_{};

@@ -442,9 +442,8 @@ void release(rm::Ctx*, void* data) {
   } else if (transfer->value != nullptr) {
     api.FreeString(nullptr, transfer->value);  // shared with the key space: main thread only
   } else if (!transfer->set && transfer->bytes != nullptr) {
-    if (auto back = module->copy_buffers->give({transfer->bytes, transfer->copy_capacity})) {
-      free_off_main(nullptr, back->data);
-    }
+    for (const auto& gone : module->copy_buffers->give({transfer->bytes, transfer->copy_capacity}))
+      free_off_main(nullptr, gone.data);
   }
   if (transfer->copy_owner) {
     auto& copies = module->copies;

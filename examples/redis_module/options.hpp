@@ -19,7 +19,7 @@ namespace dma_module {
 inline constexpr std::uint64_t default_get_copy_limit = std::uint64_t{1} << 30;
 
 /// The bytes of DMA.GET copy buffers kept for reuse, by default.
-inline constexpr std::uint64_t default_get_copy_cache = std::uint64_t{64} << 20;
+inline constexpr std::uint64_t default_get_copy_cache = std::uint64_t{256} << 20;
 
 /// The protocol's settings (dma::kv::ServerSettings: max-value, allow-any-fabric-host,
 /// transfer-deadline-ms, confirm-gets, max-hello-bindings, hello-idle-seconds), and the module's own.

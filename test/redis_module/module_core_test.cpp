@@ -177,47 +177,59 @@ TEST_CASE("value workers: join runs what was posted, even unwoken, and refuses w
   CHECK(ran == 40);
 }
 
-TEST_CASE("copy buffers: kept up to the limit, reused for the same size or up to an eighth more", "[module-core]") {
+TEST_CASE("copy buffers: kept up to the limit, the oldest let go first, reused for sizes within an eighth",
+          "[module-core]") {
   const auto now = std::chrono::steady_clock::now();
-  dma_module::CopyBuffers buffers(3 << 20);
-  auto a = buffers.take(1 << 20, now);
+  constexpr std::size_t mib = 1 << 20;
+  auto free_all = [](const std::vector<dma_module::CopyBuffers::Buffer>& buffers) {
+    for (const auto& buffer : buffers)
+      std::free(buffer.data);
+  };
+  dma_module::CopyBuffers buffers(3 * mib);
+  auto a = buffers.take(mib, now);
   REQUIRE(a.data != nullptr);
-  CHECK(a.capacity == 1 << 20);
+  CHECK(a.capacity == mib);
   CHECK(buffers.reused() == 0);
-  CHECK_FALSE(buffers.give(a));  // kept
-  CHECK(buffers.kept_bytes() == 1 << 20);
+  CHECK(buffers.give(a).empty());  // kept
+  CHECK(buffers.kept_bytes() == mib);
 
-  auto b = buffers.take((1 << 20) - 1000, now);  // within an eighth: the kept one
+  auto b = buffers.take(mib - 1000, now);  // within an eighth: the kept one
   CHECK(b.data == a.data);
-  CHECK(b.capacity == 1 << 20);
+  CHECK(b.capacity == mib);
   CHECK(buffers.reused() == 1);
   CHECK(buffers.kept_bytes() == 0);
-  CHECK_FALSE(buffers.give(b));
+  CHECK(buffers.give(b).empty());
 
-  auto small = buffers.take(4096, now);  // far smaller: a new buffer, the large one stays kept
+  auto small = buffers.take(mib / 2, now);  // far smaller: a new buffer, the large one stays kept
   CHECK(small.data != a.data);
-  CHECK(small.capacity == 4096);
-  std::free(small.data);
+  CHECK(small.capacity == mib / 2);
+  auto tiny = buffers.take(4096, now);
+  const auto tiny_back = buffers.give(tiny);  // under 128 KiB: never kept
+  REQUIRE(tiny_back.size() == 1);
+  CHECK(tiny_back[0].data == tiny.data);
+  free_all(tiny_back);
 
-  auto c = buffers.take(2 << 20, now);  // larger: new
-  auto d = buffers.take(2 << 20, now);
-  CHECK_FALSE(buffers.give(c));  // 3 MiB kept: at the limit
-  const auto back = buffers.give(d);  // over it: handed back to free
-  REQUIRE(back);
-  CHECK(back->data == d.data);
-  std::free(back->data);
-  CHECK(buffers.kept_bytes() == 3 << 20);
+  auto c = buffers.take(2 * mib, now);
+  CHECK(buffers.give(c).empty());  // 3 MiB kept: at the limit
+  const auto gone = buffers.give(small);  // past it: the one kept longest (a, then b) goes
+  REQUIRE(gone.size() == 1);
+  CHECK(gone[0].data == a.data);
+  free_all(gone);
+  CHECK(buffers.kept_bytes() == 2 * mib + mib / 2);
   CHECK(buffers.last_taken() == now);
+
+  auto huge = buffers.take(4 * mib, now);  // larger than the limit: handed back
+  const auto huge_back = buffers.give(huge);
+  REQUIRE(huge_back.size() == 1);
+  free_all(huge_back);
 
   const auto all = buffers.drain();
   CHECK(all.size() == 2);
   CHECK(buffers.kept_bytes() == 0);
-  for (const auto& buffer : all)
-    std::free(buffer.data);
+  free_all(all);
 
   dma_module::CopyBuffers none(0);  // keeps nothing
-  auto e = none.take(100, now);
-  const auto returned = none.give(e);
-  REQUIRE(returned);
-  std::free(returned->data);
+  const auto returned = none.give(none.take(mib, now));
+  REQUIRE(returned.size() == 1);
+  free_all(returned);
 }

@@ -110,7 +110,7 @@ struct Counters {
   std::uint64_t gets_notified = 0;    ///< DMA.GET writes that carried the client's token
   std::uint64_t replies_dropped = 0;  ///< transfers whose client left before the reply
   std::uint64_t get_copies = 0, get_copy_ns = 0, get_copy_bytes = 0;
-  std::uint64_t gets_from_held = 0;                     ///< DMA.GETs written straight from a held value
+  std::uint64_t gets_from_held = 0;  ///< DMA.GETs written straight from a held value
   /// DMA.SET's value strings (zero-filled), allocated by the value workers.
   std::atomic<std::uint64_t> set_alloc_ns{0}, set_alloc_bytes{0};
   std::atomic<std::uint64_t> frees_off_main{0};  ///< values and copies freed by the value workers
@@ -120,10 +120,10 @@ struct Counters {
   std::uint64_t set_calls = 0, set_command_ns = 0, set_reply_ns = 0, set_store_ns = 0;
   std::uint64_t get_calls = 0, get_command_ns = 0, get_reply_ns = 0;
   std::uint64_t release_ns = 0;
-  std::uint64_t gets_refused_copy_limit = 0;            ///< a copy over get-copy-limit or the client's
-  std::uint64_t gets_refused_oom = 0;                   ///< a copy asked while the server is over maxmemory
-  std::uint64_t sets_refused_paused = 0;                ///< completed while writes were paused: not stored
-  std::uint64_t sets_refused_not_served = 0;            ///< completed after the key's slot left this node
+  std::uint64_t gets_refused_copy_limit = 0;  ///< a copy over get-copy-limit or the client's
+  std::uint64_t gets_refused_oom = 0;         ///< a copy asked while the server is over maxmemory
+  std::uint64_t sets_refused_paused = 0;      ///< completed while writes were paused: not stored
+  std::uint64_t sets_refused_not_served = 0;  ///< completed after the key's slot left this node
   std::uint64_t sets_refused_cluster_down = 0;
 };
 
@@ -168,6 +168,7 @@ struct Module {
   GetCopies copies;
   std::unique_ptr<dma_module::CopyBuffers> copy_buffers;
   Readers readers;
+  bool storing = false;  ///< the keyspace event under way is a DMA.SET's own, for the string it stored
 
   std::uint64_t copy_limit() const {
     return options.get_copy_limit.value_or(maxmemory != 0 ? std::max<std::uint64_t>(maxmemory / 8, 1)
@@ -251,9 +252,10 @@ void free_off_main(rm::String* value, std::byte* copy) {
 // event, so it would evict more keys than it needs to. Such a server holds nothing. Nor does a
 // provider that registers local operands (efa-direct): a DMA.GET would register key-space pages,
 // which a fork-safe setup (FI_EFA_FORK_SAFE) hides from a BGSAVE child that reads them.
-bool may_hold(rm::Ctx* ctx) {
+// `flags` are the context's (GetContextFlags), or read here when none are given.
+bool may_hold(rm::Ctx* ctx, std::optional<int> flags = std::nullopt) {
   if (!module->options.hold_values || module->info.requires_local_mr) return false;
-  if ((api.GetContextFlags(ctx) & rm::ctx_flags_evict) == 0) return true;
+  if ((flags.value_or(api.GetContextFlags(ctx)) & rm::ctx_flags_evict) == 0) return true;
   module->held.clear();
   return false;
 }
@@ -289,7 +291,7 @@ bool key_holds(rm::Ctx* ctx, rm::String* key, rm::String* string) {
 // the last of them ends.
 void let_go(rm::Ctx* ctx, const char* event, rm::String* key, rm::String* string) {
   const bool moved = std::strncmp(event, "rename_", 7) == 0 || std::strncmp(event, "move_", 5) == 0;
-  if (moved || key_holds(ctx, key, string)) return api.FreeString(nullptr, string);
+  if (moved || (!module->storing && key_holds(ctx, key, string))) return api.FreeString(nullptr, string);
   auto& readers = module->readers;
   if (!readers.count.contains(string)) return free_off_main(string, nullptr);
   readers.orphaned.insert(string);
@@ -331,8 +333,8 @@ void swapping(rm::Ctx*, rm::Event, std::uint64_t, void* data) {
 // After a DMA.SET stored its string: the module keeps the transfer's reference to it. The
 // keyspace events that let it go are subscribed to with the first value held, so a server whose
 // module holds nothing runs no callback on its writes.
-void hold(rm::Ctx* ctx, rm::String* name, Transfer& transfer, std::uint32_t crc) {
-  if (transfer.length < hold_from || !may_hold(ctx) || !server_adopts(ctx, name, transfer.value)) return;
+void hold(rm::Ctx* ctx, int flags, rm::String* name, Transfer& transfer, std::uint32_t crc) {
+  if (transfer.length < hold_from || !may_hold(ctx, flags) || !server_adopts(ctx, name, transfer.value)) return;
   if (!module->watching_keys) {
     api.SubscribeToKeyspaceEvents(ctx, rm::notify_all, key_changed);
     module->watching_keys = true;
@@ -363,13 +365,13 @@ const dma_module::HeldValues::Value* held_for(rm::Ctx* ctx, rm::String* key, con
 // slot may have moved during the transfer, and a blocked client is not redirected when it does:
 // the server's own routing decides, run through Call for EXISTS key with the client's READONLY
 // and ASKING flags (a slot now owned elsewhere, or migrating with the key gone, fails with EPERM).
-std::string commit_refusal(rm::Ctx* ctx, rm::String* key) {
+std::string commit_refusal(rm::Ctx* ctx, int flags, rm::String* key) {
   auto& counters = module->counters;
   if (api.AvoidReplicaTraffic() != 0) {
     ++counters.sets_refused_paused;
     return errors::writes_paused();
   }
-  if ((api.GetContextFlags(ctx) & rm::ctx_flags_cluster) == 0) return {};
+  if ((flags & rm::ctx_flags_cluster) == 0) return {};
   errno = 0;
   rm::CallReply* probe = api.Call(ctx, "EXISTS", "s", key);
   if (probe != nullptr) {
@@ -403,7 +405,8 @@ int reply(rm::Ctx* ctx, rm::String**, int) {
     return error(ctx, errors::crc_mismatch(*transfer->expected_crc));
   }
   rm::String* name = api.CreateString(ctx, transfer->key.data(), transfer->key.size());
-  if (const std::string refusal = commit_refusal(ctx, name); !refusal.empty()) {
+  const int flags = api.GetContextFlags(ctx);
+  if (const std::string refusal = commit_refusal(ctx, flags, name); !refusal.empty()) {
     api.FreeString(ctx, name);
     return error(ctx, refusal);  // release() frees the value
   }
@@ -413,9 +416,11 @@ int reply(rm::Ctx* ctx, rm::String**, int) {
   api.CloseKey(key);
   counters.set_store_ns += static_cast<std::uint64_t>(now_ns() - storing);
   transfer->value_private = !server_adopts(ctx, name, transfer->value);
+  module->storing = true;  // the key holds the new string: what was held for it went with the old
   api.NotifyKeyspaceEvent(ctx, rm::notify_string, "set", name);
+  module->storing = false;
   api.Replicate(ctx, "SET", "ss", name, transfer->value);
-  hold(ctx, name, *transfer, crc);
+  hold(ctx, flags, name, *transfer, crc);
   api.FreeString(ctx, name);
   return api.ReplyWithSimpleString(ctx, "OK");
 }

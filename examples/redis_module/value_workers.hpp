@@ -62,9 +62,9 @@ class ValueWorkers {
   std::vector<std::unique_ptr<Worker>> workers_;
   std::mutex post_mutex_;  ///< posters and join(), never the workers
   bool closed_ = false;
-  std::size_t current_ = 0;   ///< the worker this iteration's jobs go to
-  bool posted_ = false;       ///< a job went to it since the last wake()
-  bool may_sleep_ = false;    ///< one of them found its queue empty: the worker may be asleep
+  std::size_t current_ = 0;  ///< the worker this iteration's jobs go to
+  bool posted_ = false;      ///< a job went to it since the last wake()
+  bool may_sleep_ = false;   ///< one of them found its queue empty: the worker may be asleep
   std::atomic<std::uint64_t> ran_{0}, failed_{0};
 };
 

@@ -43,12 +43,28 @@ rm::String* fake(std::uintptr_t n) { return reinterpret_cast<rm::String*>(n); }
 
 TEST_CASE("the module's arguments", "[module-core]") {
   dma_module::Options options;
-  REQUIRE(
-      parse({"max-value", "4096", "efa", "no", "hold-values", "no", "pool-threads", "0", "confirm-gets", "notification",
-             "get-copy-limit", "100", "max-hello-bindings", "8", "hello-idle-seconds", "5", "bind", "127.0.0.2",
-             "get-copy-cache", "0"},
-            options)
-          .empty());
+  REQUIRE(parse({"max-value",
+                 "4096",
+                 "efa",
+                 "no",
+                 "hold-values",
+                 "no",
+                 "pool-threads",
+                 "0",
+                 "confirm-gets",
+                 "notification",
+                 "get-copy-limit",
+                 "100",
+                 "max-hello-bindings",
+                 "8",
+                 "hello-idle-seconds",
+                 "5",
+                 "bind",
+                 "127.0.0.2",
+                 "get-copy-cache",
+                 "0"},
+                options)
+              .empty());
   CHECK(options.max_value == 4096);
   CHECK_FALSE(options.hold_values);
   CHECK(options.pool_threads == 0);
@@ -210,7 +226,7 @@ TEST_CASE("copy buffers: kept up to the limit, the oldest let go first, reused f
   free_all(tiny_back);
 
   auto c = buffers.take(2 * mib, now);
-  CHECK(buffers.give(c).empty());  // 3 MiB kept: at the limit
+  CHECK(buffers.give(c).empty());         // 3 MiB kept: at the limit
   const auto gone = buffers.give(small);  // past it: the one kept longest (a, then b) goes
   REQUIRE(gone.size() == 1);
   CHECK(gone[0].data == a.data);

@@ -22,6 +22,21 @@ def free_port():
         return s.getsockname()[1]
 
 
+def free_cluster_port():
+    """A free port whose cluster bus port (+10000) is free too (at most 100 tries)."""
+    for _ in range(100):
+        port = free_port()
+        if port + 10000 > 65535:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port + 10000))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no free port pair for a cluster node")
+
+
 class Server:
     def __init__(self, name, args, port, log):
         self.name, self.port, self.log = name, port, log
@@ -104,3 +119,40 @@ def target():
 
     with dma_libfabric.Target(provider="tcp", bind="127.0.0.1") as opened:
         yield opened
+
+
+@pytest.fixture
+def cluster():
+    """Three primaries with the module on loopback, their slots assigned by redis-cli --cluster
+    create; a redis.cluster.RedisCluster over them, given one node."""
+    module = os.environ.get("DMA_MODULE")
+    program = os.environ.get("DMA_MODULE_SERVER") or shutil.which("redis-server")
+    if not module or not program or not shutil.which("redis-cli"):
+        pytest.skip("DMA_MODULE, redis-server or redis-cli is missing")
+    from redis.cluster import RedisCluster
+
+    with tempfile.TemporaryDirectory() as scratch:
+        nodes = []
+        try:
+            for i in range(3):
+                port = free_cluster_port()
+                folder = os.path.join(scratch, str(i))
+                os.mkdir(folder)
+                log = os.path.join(folder, "server.log")
+                nodes.append(Server(f"node{i}", [program, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                                                 "--appendonly", "no", "--dir", folder, "--logfile", log,
+                                                 "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+                                                 "--loadmodule", module, "max-value", str(MAX_VALUE)], port, log))
+            subprocess.run(["redis-cli", "--cluster", "create", *[f"127.0.0.1:{n.port}" for n in nodes],
+                            "--cluster-yes"], check=True, capture_output=True, timeout=60)
+            deadline = time.monotonic() + 30
+            while any(b"cluster_state:ok" not in n.client().execute_command("CLUSTER", "INFO") for n in nodes):
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the cluster did not reach cluster_state:ok within 30 s")
+                time.sleep(0.1)
+            client = RedisCluster(host="127.0.0.1", port=nodes[0].port, socket_timeout=60)
+            yield client, nodes
+            client.close()
+        finally:
+            for node in nodes:
+                node.stop()

@@ -141,7 +141,58 @@ def test_sigint_during_a_get_raises_keyboard_interrupt(server, target):
 def test_hello_again_after_nohello(server, target):
     client = kv.Client(server.client(), target)
     client.set("k", pattern(100, 6))
-    client._token = "0" * 32  # a token the server never gave: -NOHELLO, then a new DMA.HELLO
+    client._tokens[""] = "0" * 32  # a token the server never gave: -NOHELLO, then a new DMA.HELLO
     out = np.zeros(100, dtype=np.uint8)
     assert client.get("k", out) == 100
-    assert client._token != "0" * 32
+    assert client._tokens[""] != "0" * 32
+
+
+def test_batches_keep_several_keys_in_flight(server, target):
+    client = kv.Client(server.client(), target)
+    values = {f"batch{i}": pattern(256 << 10, 100 + i) for i in range(16)}
+    client.set_many(values, concurrency=8)
+    outs = [(key, np.zeros(256 << 10, dtype=np.uint8)) for key in values]
+    assert client.get_many(outs, concurrency=8) == [256 << 10] * 16
+    for key, out in outs:
+        assert np.array_equal(out, values[key])
+    with pytest.raises(kv.ServerError) as missing:
+        client.get_many([("batch0", np.zeros(256 << 10, dtype=np.uint8)), ("nope", np.zeros(8, dtype=np.uint8))])
+    assert missing.value.kind == "no_such_key"
+
+
+def test_a_get_with_a_token_is_heard_as_a_notification(server, target):
+    client = kv.Client(server.client(), target)
+    client.set("k", pattern(4096, 8))
+    out = np.zeros(4096, dtype=np.uint8)
+    assert client.get("k", out, token=1234) == 4096
+    notification = target.next_notification(timeout=20)
+    assert notification is not None and notification["data"] == 1234
+    assert target.next_notification(timeout=0.2) is None  # nothing more: the wait ends empty
+
+
+def test_redis_cluster_routes_by_key_and_greets_each_node(cluster, target):
+    client_redis, nodes = cluster
+    client = kv.Client(client_redis, target)
+    keys = [f"key{i}" for i in range(24)]  # spread over the three nodes' slots
+    values = {key: pattern(64 << 10, i) for i, key in enumerate(keys)}
+    for key, value in values.items():
+        client.set(key, value)
+    owners = {client_redis.get_node_from_key(key).name for key in keys}
+    assert len(owners) == 3
+    assert set(client._tokens) == owners  # one DMA.HELLO per node
+    for key, value in values.items():
+        out = np.zeros_like(value)
+        assert client.get(key, out) == value.size
+        assert np.array_equal(out, value)
+    # Each node holds its own keys: a plain GET on the owner reads the bytes.
+    owner = client_redis.get_node_from_key(keys[0])
+    assert owner.redis_connection.get(keys[0]) == values[keys[0]].tobytes()
+
+
+def test_the_docs_example_runs(server):
+    docs = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "python.md")
+    with open(docs) as f:
+        text = f.read()
+    example = text.split("```python\n", 1)[1].split("```", 1)[0]
+    assert "port=6379" in example
+    exec(compile(example.replace("port=6379", f"port={server.port}"), "docs/python.md", "exec"), {})

@@ -80,6 +80,17 @@ class Target:
     def closed(self):
         return self._native.closed
 
+    def next_notification(self, timeout=None):
+        """The next write that carried immediate data, as ``{"data": int, "length": int or
+        None}``, or None when ``timeout`` seconds pass first (None: waits for ever). Ctrl-C
+        interrupts the wait."""
+        return self._native.next_notification(timeout)
+
+    def notifications(self, timeout=None):
+        """Iterates over the write notifications until one does not come within ``timeout``."""
+        while (notification := self.next_notification(timeout)) is not None:
+            yield notification
+
     def close(self):
         """Closes the endpoint: no server can reach its buffers from then on."""
         self._native.close()

@@ -5,6 +5,9 @@ into a buffer (``get``): the server reads and writes the buffers by RMA through 
 redis-py carries the commands. The commands' arguments and the replies' shapes are the
 library's own (dma::kv), not copies of them.
 """
+import concurrent.futures
+import threading
+
 import redis
 
 from . import Error, _native
@@ -44,31 +47,41 @@ def _server_text(error):
 
 
 class Client:
-    """Stores and loads buffers through a kv server, over ``redis_client`` (a ``redis.Redis``).
+    """Stores and loads buffers through a kv server, over ``redis_client``: a ``redis.Redis``,
+    or a ``redis.cluster.RedisCluster`` (which routes DMA.SET and DMA.GET by their key, as the
+    servers' COMMAND describes them).
 
-    The client's DMA.HELLO is sent on first use, and again when the server no longer knows it
-    (``-NOHELLO``); every command names it with ``CLIENT <token>``, so whichever pooled
-    connection redis-py picks, the server finds the client. ``verify`` checks each value's
-    CRC-32C both ways (the server's, against the bytes that arrived).
+    The client's DMA.HELLO is sent to a node on first use there, and again when the node no
+    longer knows it (``-NOHELLO``: a restart, an idle binding let go, or a slot that moved to a
+    node not yet greeted); every command names it with ``CLIENT <token>``, so whichever pooled
+    connection redis-py picks, the node finds the client. ``verify`` checks each value's CRC-32C
+    both ways (the server's, against the bytes that arrived).
     """
 
     def __init__(self, redis_client, target, verify=True):
         self._redis = redis_client
         self._target = target
-        self._token = None
-        self._hello_connection = None
+        self._cluster = hasattr(redis_client, "get_node_from_key")
+        self._tokens = {}  # node name (host:port, or "" for one server) -> token
+        self._hello_connections = {}
+        self._hello_lock = threading.Lock()
         self.verify = verify
         self.server = None  # what the last DMA.HELLO answered
 
-    def hello(self):
+    def hello(self, node=None):
         """Sends DMA.HELLO and returns what the server said (its fabric address, this client's
-        id, the largest value, how a DMA.GET is confirmed, and the client's token).
+        id, the largest value, how a DMA.GET is confirmed, and the client's token). ``node`` is a
+        cluster node (redis-py's ClusterNode); a cluster client needs one.
 
         It goes over a connection of its own, made from redis-py's pool and kept open: a
         connection takes one DMA.HELLO, and the binding it makes lives while it is open. The
         commands then name it with ``CLIENT <token>`` over any pooled connection."""
         arguments = _native.hello_arguments(self._target.address)
-        connection = self._redis.connection_pool.make_connection()
+        if self._cluster and node is None:
+            raise ValueError("a cluster client sends DMA.HELLO to a node: name one")
+        pool = (node.redis_connection if node is not None else self._redis).connection_pool
+        name = node.name if node is not None else ""
+        connection = pool.make_connection()
         try:
             connection.send_command(*arguments)
             reply = connection.read_response()
@@ -79,18 +92,19 @@ class Client:
             connection.disconnect()
             raise
         self.server = _native.read_hello_reply(reply)
-        self._token = self.server["token"]
-        if self._hello_connection is not None:
-            self._hello_connection.disconnect()
-        self._hello_connection = connection
+        self._tokens[name] = self.server["token"]
+        old = self._hello_connections.pop(name, None)
+        if old is not None:
+            old.disconnect()
+        self._hello_connections[name] = connection
         return self.server
 
     def close(self):
-        """Closes the DMA.HELLO connection; the server lets the binding go once idle."""
-        if self._hello_connection is not None:
-            self._hello_connection.disconnect()
-            self._hello_connection = None
-        self._token = None
+        """Closes the DMA.HELLO connections; the servers let the bindings go once idle."""
+        for connection in self._hello_connections.values():
+            connection.disconnect()
+        self._hello_connections.clear()
+        self._tokens.clear()
 
     def __enter__(self):
         return self
@@ -105,19 +119,21 @@ class Client:
         try:
             length = region.length
             crc = _native.checksum(value, length) if self.verify else None
-            reply = self._command(lambda token: _native.set_arguments(key, region, length, crc, token))
+            reply = self._command(key, lambda client: _native.set_arguments(key, region, length, crc, client))
         finally:
             region.close()
         if reply not in (b"OK", "OK", True):
             raise Error(f"DMA.SET {key!r}: unexpected reply {reply!r}")
 
-    def get(self, key, out):
+    def get(self, key, out, token=None):
         """Loads the value of ``key`` into ``out`` (a writable, C-contiguous buffer at least as
-        large as the value) and returns its length in bytes."""
+        large as the value) and returns its length in bytes. With ``token`` (an integer below
+        2**32) the server's write carries it as immediate data: the Target hears it
+        (Target.next_notification) once the bytes have landed."""
         region = self._target.register(out, "write")
         try:
             capacity = region.length
-            reply = self._command(lambda token: _native.get_arguments(key, region, capacity, None, token))
+            reply = self._command(key, lambda client: _native.get_arguments(key, region, capacity, token, client))
         finally:
             region.close()
         length, crc = _native.read_get_reply(reply)
@@ -125,17 +141,63 @@ class Client:
             raise Error(f"DMA.GET {key!r}: the {length} bytes that arrived do not have the server's crc32c {crc}")
         return length
 
-    def _command(self, build):
+    def set_many(self, items, concurrency=8):
+        """Stores several values at once: ``items`` is a dict or (key, value) pairs. Up to
+        ``concurrency`` keys are in flight, each on a pooled connection of its own (a server
+        serves one connection's commands in turn), with the GIL released while they wait.
+        Raises the first failure after every started one has ended."""
+        pairs = list(items.items()) if isinstance(items, dict) else list(items)
+        self._batch(lambda pair: self.set(*pair), pairs, concurrency)
+
+    def get_many(self, items, concurrency=8):
+        """Loads several values at once: ``items`` is (key, out) pairs; returns their lengths,
+        in order. As set_many for concurrency and failures."""
+        return self._batch(lambda pair: self.get(*pair), list(items), concurrency)
+
+    @staticmethod
+    def _batch(one, items, concurrency):
+        if not items:
+            return []
+        if concurrency < 1:
+            raise ValueError("concurrency is at least 1")
+        pool = concurrent.futures.ThreadPoolExecutor(max_workers=min(concurrency, len(items)))
+        try:
+            futures = [pool.submit(one, item) for item in items]
+            concurrent.futures.wait(futures)
+        except BaseException:  # Ctrl-C: what has not started does not start
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
+        pool.shutdown(wait=True)
+        for future in futures:
+            if future.exception() is not None:
+                raise future.exception()
+        return [future.result() for future in futures]
+
+    def _token_for(self, key):
+        """The node `key` lives on (None for one server) and this client's token there."""
+        node = self._redis.get_node_from_key(key) if self._cluster else None
+        name = node.name if node is not None else ""
+        with self._hello_lock:
+            if name not in self._tokens:
+                self.hello(node)
+            return name, self._tokens[name]
+
+    def _command(self, key, build):
         for attempt in (0, 1):
-            if self._token is None:
-                self.hello()
-            arguments = build(self._token)
+            name, token = self._token_for(key)
+            command, *arguments = build(token)
+            command = command.decode()  # redis-py's cluster routing looks the name up as text
             try:
-                return self._redis.execute_command(*arguments)
+                return self._redis.execute_command(command, *arguments)
             except redis.ResponseError as error:
-                failure = self._server_error(arguments[0].decode(), error)
+                failure = self._server_error(command, error)
                 if failure.kind == "no_hello" and attempt == 0:
-                    self._token = None  # the server let the binding go: HELLO again, once
+                    # The node let the binding go (HELLO it again), or the slot moved to a node not
+                    # yet greeted (redis-py followed -MOVED: HELLO that one); once.
+                    now = self._redis.get_node_from_key(key).name if self._cluster else ""
+                    with self._hello_lock:
+                        if now == name and self._tokens.get(name) == token:
+                            del self._tokens[name]
                     continue
                 raise failure from None
 

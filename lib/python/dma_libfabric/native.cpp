@@ -10,7 +10,13 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <asio/bind_cancellation_slot.hpp>
+#include <asio/cancellation_signal.hpp>
+#include <asio/post.hpp>
+
+#include <chrono>
 #include <cstdint>
+#include <future>
 #include <memory>
 #include <optional>
 #include <span>
@@ -133,6 +139,53 @@ class Target {
   }
   py::bytes address() { return as_bytes(open()->target().local_address()); }
   std::string address_hex() { return dma::encode_hex(open()->target().local_address()); }
+  // The next write notification (immediate data), or None after `timeout` seconds (None: no
+  // limit). Waits with the GIL released, checking for signals (Ctrl-C) ten times a second.
+  py::object next_notification(std::optional<double> timeout) {
+    const auto thread = open();
+    auto& target = thread->target();
+    struct Wait {
+      std::promise<std::pair<std::error_code, dma::WriteNotification>> promise;
+      asio::cancellation_signal cancel;
+    };
+    auto wait = std::make_shared<Wait>();
+    auto future = wait->promise.get_future();
+    asio::post(target.get_executor(), [wait, &target] {
+      target.async_wait_written(
+          asio::bind_cancellation_slot(wait->cancel.slot(), [wait](std::error_code ec, dma::WriteNotification n) {
+            wait->promise.set_value({ec, n});
+          }));
+    });
+    const auto until = timeout ? std::chrono::steady_clock::now() + std::chrono::duration<double>(*timeout)
+                               : std::chrono::steady_clock::time_point::max();
+    bool cancelled = false;
+    for (;;) {
+      std::future_status status;
+      {
+        py::gil_scoped_release unlocked;
+        status = future.wait_for(std::chrono::milliseconds(100));
+      }
+      if (status == std::future_status::ready) break;
+      const bool interrupted = PyErr_CheckSignals() != 0;
+      if (!cancelled && (interrupted || std::chrono::steady_clock::now() >= until)) {
+        asio::post(target.get_executor(), [wait] { wait->cancel.emit(asio::cancellation_type::terminal); });
+        cancelled = true;
+      }
+      if (interrupted) {
+        py::gil_scoped_release unlocked;
+        future.wait();  // the wait ends (cancelled, or a notification that came first and is lost)
+        throw py::error_already_set();
+      }
+    }
+    const auto [ec, notification] = future.get();
+    if (ec == asio::error::operation_aborted) return py::none();
+    if (ec) raise_error("waiting for a notification: " + ec.message(), ec);
+    py::dict result;
+    result["data"] = notification.data;
+    result["length"] = notification.length ? py::object(py::int_(*notification.length)) : py::none();
+    return py::object(std::move(result));
+  }
+
   void close() {
     std::shared_ptr<dma::TargetThread> thread = std::move(thread_);
     py::gil_scoped_release unlocked;
@@ -240,6 +293,7 @@ PYBIND11_MODULE(_native, m) {
       .def_property_readonly("address", &Target::address)
       .def_property_readonly("address_hex", &Target::address_hex)
       .def_property_readonly("closed", &Target::closed)
+      .def("next_notification", &Target::next_notification, py::arg("timeout"))
       .def("close", &Target::close);
 
   m.def(

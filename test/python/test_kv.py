@@ -196,3 +196,18 @@ def test_the_docs_example_runs(server):
     example = text.split("```python\n", 1)[1].split("```", 1)[0]
     assert "port=6379" in example
     exec(compile(example.replace("port=6379", f"port={server.port}"), "docs/python.md", "exec"), {})
+
+
+def test_regions_registered_once(server, target):
+    client = kv.Client(server.client(), target)
+    value = pattern(1 << 20, 9)
+    out = np.zeros_like(value)
+    value_region, out_region = target.register(value, "read"), target.register(out, "write")
+    for _ in range(3):
+        client.set("once", value_region)
+        assert client.get("once", out_region) == value.size
+        assert np.array_equal(out, value)
+    value_region.close()
+    with pytest.raises(ValueError, match="closed"):
+        client.set("once", value_region)
+    out_region.close()

@@ -114,32 +114,45 @@ class Client:
         return False
 
     def set(self, key, value):
-        """Stores the bytes of ``value`` (any C-contiguous buffer) under ``key``."""
-        region = self._target.register(value, "read")
+        """Stores the bytes of ``value`` under ``key``: any C-contiguous buffer (registered for
+        this call), or a Region the application registered once (Target.register), whose whole
+        buffer is the value."""
+        region, owned = self._region(value, "read")
         try:
             length = region.length
-            crc = _native.checksum(value, length) if self.verify else None
+            crc = _native.checksum(region.memory, length) if self.verify else None
             reply = self._command(key, lambda client: _native.set_arguments(key, region, length, crc, client))
         finally:
-            region.close()
+            if owned:
+                region.close()
         if reply not in (b"OK", "OK", True):
             raise Error(f"DMA.SET {key!r}: unexpected reply {reply!r}")
 
     def get(self, key, out, token=None):
         """Loads the value of ``key`` into ``out`` (a writable, C-contiguous buffer at least as
-        large as the value) and returns its length in bytes. With ``token`` (an integer below
+        large as the value, or a Region registered once with write access) and returns its
+        length in bytes. With ``token`` (an integer below
         2**32) the server's write carries it as immediate data: the Target hears it
         (Target.next_notification) once the bytes have landed."""
-        region = self._target.register(out, "write")
+        region, owned = self._region(out, "write")
         try:
             capacity = region.length
             reply = self._command(key, lambda client: _native.get_arguments(key, region, capacity, token, client))
+            length, crc = _native.read_get_reply(reply)
+            landed = _native.checksum(region.memory, length) if self.verify and length else crc
         finally:
-            region.close()
-        length, crc = _native.read_get_reply(reply)
-        if self.verify and length and _native.checksum(out, length) != crc:
+            if owned:
+                region.close()
+        if landed != crc:
             raise Error(f"DMA.GET {key!r}: the {length} bytes that arrived do not have the server's crc32c {crc}")
         return length
+
+    def _region(self, buffer, access):
+        if isinstance(buffer, _native.Region):
+            if buffer.closed:
+                raise ValueError("the region is closed")
+            return buffer, False
+        return self._target.register(buffer, access), True
 
     def set_many(self, items, concurrency=8):
         """Stores several values at once: ``items`` is a dict or (key, value) pairs. Up to

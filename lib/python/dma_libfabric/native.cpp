@@ -104,6 +104,12 @@ class Region {
     if (!held_) throw py::value_error("the region is closed");
     return {static_cast<const std::byte*>(view_.buf), static_cast<std::size_t>(view_.len)};
   }
+  // The exposed bytes as a memoryview (writable when the export is), valid while the region is
+  // open: the caller keeps the region open while it uses the view.
+  py::memoryview memory() const {
+    if (!held_) throw py::value_error("the region is closed");
+    return py::memoryview::from_memory(view_.buf, view_.len, view_.readonly != 0);
+  }
 
  private:
   std::shared_ptr<dma::TargetThread> thread_;
@@ -284,6 +290,7 @@ PYBIND11_MODULE(_native, m) {
       .def_property_readonly("length", &Region::length)
       .def_property_readonly("advertisement", [](const Region& r) { return r.advertisement().to_string(); })
       .def_property_readonly("closed", &Region::closed)
+      .def_property_readonly("memory", &Region::memory)
       .def("close", &Region::close);
 
   py::class_<Target>(m, "Target")

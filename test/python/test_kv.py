@@ -87,7 +87,8 @@ def test_a_closed_target_refuses(server):
     assert target.closed
     with pytest.raises(dma_libfabric.Error, match="closed") as closed:
         client.get("k", np.zeros(100, dtype=np.uint8))
-    assert closed.value.code != 0 and closed.value.category
+    assert closed.value.code != 0 and closed.value.category == "dma"
+    assert closed.value.condition == "cancelled"  # errc::shutdown
 
 
 def test_a_server_that_is_gone(server, target):

@@ -9,7 +9,10 @@ redis-py client the application already has. See docs/python.md.
 
 class Error(RuntimeError):
     """A failure of the library or of the side channel: ``args`` are the message, the library's
-    error code (0 when none) and its category's name ("" when none)."""
+    error code (0 when none), its category's name ("dma", "libfabric", "generic"; "" when
+    none), and the library's error condition it belongs to ("peer_unreachable",
+    "connection_lost", "cancelled", "invalid_operand", "remote_access_denied",
+    "invalid_advertisement"; "" when none)."""
 
     @property
     def code(self):
@@ -18,6 +21,10 @@ class Error(RuntimeError):
     @property
     def category(self):
         return self.args[2] if len(self.args) > 2 else ""
+
+    @property
+    def condition(self):
+        return self.args[3] if len(self.args) > 3 else ""
 
     def __str__(self):
         return str(self.args[0]) if self.args else ""

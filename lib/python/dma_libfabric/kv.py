@@ -30,11 +30,11 @@ class ServerError(Error):
 
     @property
     def kind(self):
-        return self.args[3] if len(self.args) > 3 else "other"
+        return self.args[4] if len(self.args) > 4 else "other"
 
     @property
     def text(self):
-        return self.args[4] if len(self.args) > 4 else str(self)
+        return self.args[5] if len(self.args) > 5 else str(self)
 
 
 def _server_text(error):
@@ -218,4 +218,4 @@ class Client:
     def _server_error(command, error):
         text = _server_text(error)
         kind = _native.classify_error(text)
-        return ServerError(f"{command}: {text}", 0, "", kind, text)
+        return ServerError(f"{command}: {text}", 0, "", "", kind, text)

@@ -31,9 +31,24 @@ namespace {
 
 py::object error_class;  // dma_libfabric.Error, set at import
 
-// Raises dma_libfabric.Error(message, code, category): the library's error code and its category.
+// The dma::condition `ec` is equivalent to, by name, or "" when none.
+const char* condition_of(std::error_code ec) {
+  using C = dma::condition;
+  const std::pair<C, const char*> names[] = {{C::invalid_advertisement, "invalid_advertisement"},
+                                             {C::peer_unreachable, "peer_unreachable"},
+                                             {C::invalid_operand, "invalid_operand"},
+                                             {C::cancelled, "cancelled"},
+                                             {C::connection_lost, "connection_lost"},
+                                             {C::remote_access_denied, "remote_access_denied"}};
+  for (const auto& [condition, name] : names)
+    if (ec && ec == dma::make_error_condition(condition)) return name;
+  return "";
+}
+
+// Raises dma_libfabric.Error(message, code, category, condition): the library's error code, its
+// category, and the library's error condition it belongs to.
 [[noreturn]] void raise_error(const std::string& message, std::error_code ec = {}) {
-  py::object error = error_class(message, ec.value(), ec ? ec.category().name() : "");
+  py::object error = error_class(message, ec.value(), ec ? ec.category().name() : "", condition_of(ec));
   PyErr_SetObject(error_class.ptr(), error.ptr());
   throw py::error_already_set();
 }

@@ -604,7 +604,10 @@ TEST_CASE("a server that goes mid-command fails every pending command once, as s
     const auto [ec, result] = a.get();
     CHECK(ec == client_error::server_gone);
     CHECK(result.detail.find("lost") != std::string::npos);
-    CHECK(b.get().first == client_error::server_gone);
+    // The second command meets the loss too: pending when it is seen (server_gone), or started
+    // after it on a slow machine (not_connected); either way it fails, once.
+    const auto b_ec = b.get().first;
+    CHECK((b_ec == client_error::server_gone || b_ec == client_error::not_connected));
   }
   SECTION("dma-kv-server killed while 16 MiB transfers are in flight") {
     auto server = std::make_unique<Server>(std::vector<std::string>{"--max-value", "16777216"});

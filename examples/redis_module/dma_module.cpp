@@ -410,11 +410,12 @@ int reply(rm::Ctx* ctx, rm::String**, int) {
     api.FreeString(ctx, name);
     return error(ctx, refusal);  // release() frees the value
   }
-  const std::int64_t storing = now_ns();
-  rm::Key* key = api.OpenKey(ctx, name, rm::write);
-  api.StringSet(key, transfer->value);
-  api.CloseKey(key);
-  counters.set_store_ns += static_cast<std::uint64_t>(now_ns() - storing);
+  {
+    const Timed storing(counters.set_store_ns);
+    rm::Key* key = api.OpenKey(ctx, name, rm::write);
+    api.StringSet(key, transfer->value);
+    api.CloseKey(key);
+  }
   transfer->value_private = !server_adopts(ctx, name, transfer->value);
   module->storing = true;  // the key holds the new string: what was held for it went with the old
   api.NotifyKeyspaceEvent(ctx, rm::notify_string, "set", name);
@@ -461,13 +462,16 @@ void release(rm::Ctx*, void* data) {
 
 void client_left(rm::Ctx*, rm::BlockedClient*) { ++module->counters.replies_dropped; }
 
+// Hands a transfer the module is stopping for back to its client, failed; any thread.
+void refuse(Transfer* transfer) {
+  transfer->outcome = dma::Outcome(dma::make_error_code(dma::errc::shutdown));
+  transfer->completed_ns = now_ns();
+  api.UnblockClient(transfer->blocked, transfer);
+}
+
 // Submits a transfer whose client is blocked; any thread. A refused one is handed back failed.
 void submit(Transfer* transfer, dma::TransferRequest<Operation> request) {
-  if (module->service->submit(std::move(request))) {
-    transfer->outcome = dma::Outcome(dma::make_error_code(dma::errc::shutdown));
-    transfer->completed_ns = now_ns();
-    api.UnblockClient(transfer->blocked, transfer);
-  }
+  if (module->service->submit(std::move(request))) refuse(transfer);
 }
 
 // A DMA.SET's value string, on a value worker: one the server allocates (so it counts in
@@ -506,11 +510,7 @@ void start(rm::Ctx* ctx, Transfer* transfer, const dma::kv::Binding& peer, std::
   if (!transfer->set) return module->due.emplace_back(transfer, std::move(request)), void();
   // A job the workers refuse (closed: the module stopping) runs here, and its read is refused.
   auto job = [transfer, request = std::move(request)]() mutable { allocate_and_submit(transfer, std::move(request)); };
-  if (!post(std::move(job))) {
-    transfer->outcome = dma::Outcome(dma::make_error_code(dma::errc::shutdown));
-    transfer->completed_ns = now_ns();
-    api.UnblockClient(transfer->blocked, transfer);
-  }
+  if (!post(std::move(job))) refuse(transfer);
 }
 
 // The client a data command is for: the binding its `CLIENT <token>` names, or the one this

@@ -469,6 +469,58 @@ ErrorReply classify_error(std::string_view text) noexcept {
   return ErrorReply::other;
 }
 
+int key_slot(std::string_view key) noexcept {
+  const auto open = key.find('{');
+  if (open != std::string_view::npos) {
+    const auto close = key.find('}', open + 1);
+    if (close != std::string_view::npos && close > open + 1) key = key.substr(open + 1, close - open - 1);
+  }
+  // CRC-16/XMODEM: polynomial 0x1021, initial value 0, no reflection.
+  std::uint16_t crc = 0;
+  for (const char c : key) {
+    crc = static_cast<std::uint16_t>(crc ^ (static_cast<std::uint16_t>(static_cast<unsigned char>(c)) << 8));
+    for (int bit = 0; bit < 8; ++bit) {
+      crc = static_cast<std::uint16_t>((crc & 0x8000) ? (crc << 1) ^ 0x1021 : crc << 1);
+    }
+  }
+  return crc & (cluster_slots - 1);
+}
+
+std::optional<Redirect> parse_redirect(std::string_view text) {
+  Redirect redirect;
+  std::size_t at = std::string_view::npos;
+  for (std::size_t from = 0; from < text.size(); ++from) {
+    if (from > 0 && text[from - 1] != ' ') continue;
+    if (text.substr(from).starts_with("MOVED ")) {
+      at = from + 6;
+      break;
+    }
+    if (text.substr(from).starts_with("ASK ")) {
+      redirect.ask = true;
+      at = from + 4;
+      break;
+    }
+  }
+  if (at == std::string_view::npos) return std::nullopt;
+  std::string_view rest = text.substr(at);
+  const auto space = rest.find(' ');
+  if (space == std::string_view::npos) return std::nullopt;
+  const auto slot = parse_u64(rest.substr(0, space));
+  if (!slot || *slot >= static_cast<std::uint64_t>(cluster_slots)) return std::nullopt;
+  redirect.slot = static_cast<int>(*slot);
+  rest = rest.substr(space + 1);
+  rest = rest.substr(0, rest.find(' '));
+  const auto colon = rest.rfind(':');
+  if (colon == std::string_view::npos) return std::nullopt;
+  const auto port = parse_u64(rest.substr(colon + 1));
+  if (!port || *port == 0 || *port > 65535) return std::nullopt;
+  redirect.port = static_cast<std::uint16_t>(*port);
+  std::string_view host = rest.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  redirect.host = std::string(host);
+  return redirect;
+}
+
 void InfoText::section(std::string_view name) {
   if (!text_.empty()) text_ += "\r\n";
   text_ += "# ";

@@ -241,6 +241,17 @@ void append_array_header(std::string& out, std::size_t count) {
   out += "\r\n";
 }
 
+Value to_value(const Reply& reply) {
+  Value value;
+  value.type = reply.type;
+  value.text = std::string(reply.text);
+  value.integer = reply.integer;
+  value.elements.reserve(reply.elements.size());
+  for (const auto& element : reply.elements)
+    value.elements.push_back(to_value(element));
+  return value;
+}
+
 bool iequals(std::string_view a, std::string_view b) noexcept {
   return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
            auto lower = [](char c) { return (c >= 'A' && c <= 'Z') ? static_cast<char>(c - 'A' + 'a') : c; };

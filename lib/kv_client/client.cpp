@@ -72,6 +72,8 @@ class ClientCategory final : public std::error_category {
         return "invalid argument";
       case client_error::registration_failed:
         return "exposing the command's bytes failed";
+      case client_error::not_replicated:
+        return "the value is stored, but not on as many replicas as asked";
     }
     return "unknown dma.kv.client error " + std::to_string(value);
   }
@@ -221,10 +223,16 @@ std::uint64_t ClientTarget::strays() const noexcept { return state_->strays.load
 
 namespace {
 
-enum class Kind { hello, set, get, info };
+enum class Kind { hello, set, get, info, command, asking, wait };
 
 const char* kind_name(Kind kind) {
   switch (kind) {
+    case Kind::command:
+      return "command";
+    case Kind::asking:
+      return "ASKING";
+    case Kind::wait:
+      return "WAIT";
     case Kind::hello:
       return "DMA.HELLO";
     case Kind::set:
@@ -244,8 +252,9 @@ struct Pending {
   Clock::time_point deadline = Clock::time_point::max();
   std::chrono::milliseconds deadline_length{0};
   std::variant<detail::CompletionPtr<HelloResult>, detail::CompletionPtr<SetResult>, detail::CompletionPtr<GetResult>,
-               detail::CompletionPtr<InfoResult>>
+               detail::CompletionPtr<InfoResult>, detail::CompletionPtr<CommandResult>>
       completion;
+  std::string name;  ///< async_command: the command's name
   // DMA.SET and DMA.GET
   std::optional<Target::Region> owned;  ///< the bytes exposed for this command alone
   std::uint64_t length = 0;             ///< DMA.SET: the value's; DMA.GET: from the reply
@@ -253,7 +262,15 @@ struct Pending {
   std::span<std::byte> into;            ///< DMA.GET
   std::optional<std::uint32_t> token;   ///< DMA.GET under notification confirmation
   bool abandoned = false;               ///< completed by a cancellation; its reply is dropped
+  // DMA.SET with SetRequest::replicas: the WAIT sent right behind it takes its completion over.
+  unsigned replicas = 0;
+  std::chrono::milliseconds replica_timeout{0};
 };
+
+// What a command is called in its result's detail.
+std::string label(const Pending& command) {
+  return command.kind == Kind::command ? command.name : std::string(kind_name(command.kind));
+}
 
 }  // namespace
 
@@ -421,6 +438,19 @@ struct Client::Impl : std::enable_shared_from_this<Impl> {
     if (!reading) read_more();
   }
 
+  /// Queues a command whose reply is dropped (ASKING), or handed over to it (a DMA.SET's WAIT).
+  void send_follower(Kind kind, std::uint64_t id, const std::vector<std::string>& arguments) {
+    auto command = std::make_unique<Pending>();
+    command->kind = kind;
+    command->id = id;
+    command->abandoned = true;
+    std::vector<std::string_view> views(arguments.begin(), arguments.end());
+    resp::encode_command(out, views);
+    replies.push_back(std::move(command));
+    write_more();
+    if (!reading) read_more();
+  }
+
   void write_more() {
     if (writing_now || out.empty()) return;
     writing_now = true;
@@ -500,13 +530,16 @@ struct Client::Impl : std::enable_shared_from_this<Impl> {
   }
 
   void answer(std::unique_ptr<Pending> command, const resp::Reply& r) {
-    if (command->abandoned) return;  // cancelled: the reply is read and dropped
+    if (command->abandoned) return;  // cancelled, or a follower nobody waits for: the reply is dropped
+    if (command->kind == Kind::command) return answer_command(*command, r);
     if (r.is_error()) {
       const std::string text(r.text);
       if (command->kind == Kind::hello) {
         fail(*command, client_error::server_error, "DMA.HELLO: " + text);
+      } else if (command->kind == Kind::wait) {
+        fail(*command, client_error::not_replicated, "DMA.SET: the value is stored, but WAIT failed: " + text);
       } else {
-        fail(*command, error_of_reply(text), std::string(kind_name(command->kind)) + ": " + text);
+        fail(*command, error_of_reply(text), label(*command) + ": " + text);
       }
       return;
     }
@@ -519,7 +552,43 @@ struct Client::Impl : std::enable_shared_from_this<Impl> {
         return answer_get(std::move(command), r);
       case Kind::info:
         return answer_info(*command, r);
+      case Kind::wait:
+        return answer_wait(*command, r);
+      case Kind::command:
+      case Kind::asking:
+        return;  // answered above, or abandoned
     }
+  }
+
+  void answer_command(Pending& command, const resp::Reply& r) {
+    CommandResult result;
+    result.reply = resp::to_value(r);
+    std::error_code ec;
+    if (r.is_error()) {
+      ec = error_of_reply(r.text);
+      result.detail = command.name + ": " + std::string(r.text);
+    }
+    pending_count.fetch_sub(1, std::memory_order_relaxed);
+    complete(std::get<detail::CompletionPtr<CommandResult>>(command.completion), ec, std::move(result));
+  }
+
+  void answer_wait(Pending& command, const resp::Reply& r) {
+    if (r.type != resp::Reply::Type::integer) {
+      return fail(command, client_error::protocol_error, "DMA.SET: the value is stored, but WAIT's reply is no integer");
+    }
+    SetResult result;
+    result.length = command.length;
+    result.crc = command.crc;
+    result.replicas = r.integer > 0 ? static_cast<std::uint64_t>(r.integer) : 0;
+    std::error_code ec;
+    if (result.replicas < command.replicas) {
+      ec = client_error::not_replicated;
+      result.detail = "DMA.SET: the value is stored, but WAIT counted " + std::to_string(result.replicas) + " of " +
+                      std::to_string(command.replicas) + " replicas within " +
+                      milliseconds_text(command.replica_timeout);
+    }
+    pending_count.fetch_sub(1, std::memory_order_relaxed);
+    complete(std::get<detail::CompletionPtr<SetResult>>(command.completion), ec, std::move(result));
   }
 
   void answer_hello(Pending& command, const resp::Reply& r) {
@@ -547,6 +616,20 @@ struct Client::Impl : std::enable_shared_from_this<Impl> {
       return fail(command, client_error::protocol_error, "DMA.SET: the reply is not +OK");
     }
     command.owned.reset();
+    if (command.replicas > 0 && !replies.empty() && replies.front()->kind == Kind::wait &&
+        replies.front()->id == command.id) {
+      // Stored; the WAIT right behind it completes the command.
+      Pending& wait = *replies.front();
+      wait.completion = std::move(command.completion);
+      wait.abandoned = false;
+      wait.length = command.length;
+      wait.crc = command.crc;
+      wait.replicas = command.replicas;
+      wait.replica_timeout = command.replica_timeout;
+      wait.deadline = command.deadline;
+      wait.deadline_length = command.deadline_length;
+      return;
+    }
     SetResult result;
     result.length = command.length;
     result.crc = command.crc;
@@ -654,7 +737,7 @@ struct Client::Impl : std::enable_shared_from_this<Impl> {
       if (command->id != id || command->abandoned) continue;
       // Completed now; its reply, still due in order, is dropped when it comes.
       fail(*command, asio::error::operation_aborted,
-           std::string(kind_name(command->kind)) + ": cancelled; its reply will be dropped");
+           label(*command) + ": cancelled; its reply will be dropped");
       command->abandoned = true;
       command->deadline = Clock::time_point::max();
       return;
@@ -698,7 +781,7 @@ struct Client::Impl : std::enable_shared_from_this<Impl> {
       if (next != Clock::time_point::max()) arm_timer(next);
       return;
     }
-    const std::string what = std::string(kind_name(late->kind)) + " took longer than its deadline of " +
+    const std::string what = label(*late) + " took longer than its deadline of " +
                              milliseconds_text(late->deadline_length);
     // Its reply cannot be told apart from the next command's once skipped: the connection goes,
     // and every command on it ends. The late ones time out, the others are aborted.
@@ -708,7 +791,7 @@ struct Client::Impl : std::enable_shared_from_this<Impl> {
           auto command = std::move(*it);
           it = queue->erase(it);
           fail(*command, client_error::timed_out,
-               std::string(kind_name(command->kind)) + " took longer than its deadline of " +
+               label(*command) + " took longer than its deadline of " +
                    milliseconds_text(command->deadline_length) + "; the connection was closed");
         } else {
           ++it;
@@ -824,7 +907,7 @@ void Client::start_hello(std::uint64_t id, detail::CompletionPtr<HelloResult> co
 // server (inside the caller's region, or exposed for the command alone into `command.owned`).
 std::optional<Refusal> Client::Impl::prepare(Pending& command, std::span<std::byte> bytes, const Target::Region* region,
                                              Target::Access access, HelloReply& named, Window& window) {
-  const std::string name = kind_name(command.kind);
+  const std::string name = label(command);
   if (!open.load(std::memory_order_relaxed)) {
     return Refusal{client_error::not_connected, name + ": " + closed_detail()};
   }
@@ -874,7 +957,14 @@ void Client::start_set(const std::string& key, const SetRequest& request, std::u
     command->length = request.value.size();
     command->crc = crc.value_or(0);
     command->completion = std::move(c);
+    command->replicas = request.replicas;
+    command->replica_timeout = request.replica_timeout;
+    if (request.asking) impl->send_follower(Kind::asking, id, {"ASKING"});
     impl->send(std::move(command), set_arguments(key, window, crc, hello.token), request.deadline);
+    if (request.replicas > 0) {
+      impl->send_follower(Kind::wait, id,
+                          {"WAIT", std::to_string(request.replicas), std::to_string(request.replica_timeout.count())});
+    }
   });
 }
 
@@ -897,6 +987,7 @@ void Client::start_get(const std::string& key, const GetRequest& request, std::u
     if (hello.confirmation == Confirmation::notification) command->token = impl->target->issue();
     command->completion = std::move(c);
     const auto arguments = get_arguments(key, window, command->token, hello.token);
+    if (request.asking) impl->send_follower(Kind::asking, id, {"ASKING"});
     impl->send(std::move(command), arguments, request.deadline);
   });
 }
@@ -915,6 +1006,27 @@ void Client::start_info(std::uint64_t id, detail::CompletionPtr<InfoResult> comp
     command->id = id;
     command->completion = std::move(c);
     impl->send(std::move(command), {std::string(info_command.name)}, {});
+  });
+}
+
+void Client::start_command(std::vector<std::string>&& arguments, std::uint64_t id,
+                           detail::CompletionPtr<CommandResult> completion) {
+  impl_->pending_count.fetch_add(1, std::memory_order_relaxed);
+  asio::dispatch(impl_->strand, [impl = impl_, arguments = std::move(arguments), id, c = std::move(completion)]() mutable {
+    const std::string name = arguments.empty() ? std::string("command") : arguments.front();
+    if (impl->cancelled_before_start(id)) {
+      return impl->fail_now(std::move(c), asio::error::operation_aborted, name + ": cancelled before it was sent");
+    }
+    if (arguments.empty()) return impl->fail_now(std::move(c), client_error::invalid_argument, "the command is empty");
+    if (!impl->open.load(std::memory_order_relaxed)) {
+      return impl->fail_now(std::move(c), client_error::not_connected, name + ": " + impl->closed_detail());
+    }
+    auto command = std::make_unique<Pending>();
+    command->kind = Kind::command;
+    command->id = id;
+    command->name = name;
+    command->completion = std::move(c);
+    impl->send(std::move(command), arguments, {});
   });
 }
 

@@ -18,6 +18,7 @@
 #include <dma/detail/handler.hpp>
 #include <dma/export.hpp>
 #include <dma/kv/protocol.hpp>
+#include <dma/kv/resp.hpp>
 #include <dma/target.hpp>
 
 #include <asio/any_io_executor.hpp>
@@ -41,6 +42,7 @@
 #include <system_error>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 namespace dma::kv {
 
@@ -67,6 +69,7 @@ enum class client_error {
   notification_missing,  ///< DMA.GET: the Target's notification did not come, or the Target dropped it
   invalid_argument,      ///< the request itself: bytes outside the region, an empty key, a value too large to send
   registration_failed,   ///< exposing the command's own bytes on the Target failed
+  not_replicated,        ///< DMA.SET stored the value, but fewer replicas than SetRequest::replicas acknowledged it in time
 };
 
 /// The category of client_error ("dma.kv.client").
@@ -98,6 +101,12 @@ struct SetRequest {
   std::span<const std::byte> value;        ///< the value; kept alive and unchanged until completion
   const Target::Region* region = nullptr;  ///< an exposed region holding `value`, or null: exposed for this command
   std::chrono::milliseconds deadline{0};   ///< zero: ClientOptions::deadline
+  /// Durability: when not zero, `WAIT replicas replica_timeout` follows the DMA.SET on the same
+  /// connection, and the command succeeds only if that many replicas acknowledged the write in
+  /// time (else client_error::not_replicated: the value is on the server, not yet on them).
+  unsigned replicas = 0;
+  std::chrono::milliseconds replica_timeout{1000};  ///< WAIT's timeout; zero waits for ever (bounded by `deadline`)
+  bool asking = false;                              ///< send `ASKING` first (a cluster's `-ASK` redirect)
 };
 
 /// DMA.GET: where the value lands, and how long the command may take.
@@ -106,6 +115,7 @@ struct GetRequest {
   std::span<std::byte> into;               ///< its capacity bounds the value; kept alive until completion
   const Target::Region* region = nullptr;  ///< an exposed region holding `into`, or null: exposed for this command
   std::chrono::milliseconds deadline{0};   ///< zero: ClientOptions::deadline
+  bool asking = false;                     ///< send `ASKING` first (a cluster's `-ASK` redirect)
 };
 
 /// What DMA.HELLO answered.
@@ -118,7 +128,8 @@ struct HelloResult {
 struct SetResult {
   std::uint64_t length = 0;  ///< bytes stored
   std::uint32_t crc = 0;     ///< their CRC-32C (0 when ClientOptions::checksum_sets is off)
-  std::string detail;        ///< when the handler's error is set: what happened
+  std::uint64_t replicas = 0;  ///< with SetRequest::replicas: how many replicas WAIT counted
+  std::string detail;          ///< when the handler's error is set: what happened
 };
 
 /// What DMA.GET did.
@@ -126,6 +137,12 @@ struct GetResult {
   std::uint64_t length = 0;  ///< bytes of the value, at the start of GetRequest::into
   std::uint32_t crc = 0;     ///< the CRC-32C the server keeps for them
   std::string detail;        ///< when the handler's error is set: what happened
+};
+
+/// What any other command answered (async_command).
+struct CommandResult {
+  resp::Value reply;   ///< the reply, an error reply included
+  std::string detail;  ///< when the handler's error is set: what happened
 };
 
 /// What DMA.INFO answered.
@@ -385,13 +402,28 @@ class DMA_EXPORT Client {
         token);
   }
 
+  /// Any other command (`CLUSTER SHARDS`, `READONLY`, `WAIT`, `PING`, …), pipelined with the
+  /// rest. An error reply fails it with error_of_reply() of its text, and `reply` holds it.
+  /// @par Completion Signature
+  /// @code void(std::error_code, dma::kv::CommandResult) @endcode
+  template <asio::completion_token_for<void(std::error_code, CommandResult)> CompletionToken = default_token_type>
+  auto async_command(std::vector<std::string> arguments, CompletionToken&& token = default_token_type()) {
+    return asio::async_initiate<CompletionToken, void(std::error_code, CommandResult)>(
+        [this](auto handler, std::vector<std::string>&& a) {
+          const auto id = next_command_id();
+          start_command(std::move(a), id, wrap<CommandResult>(std::move(handler), id));
+        },
+        token, std::move(arguments));
+  }
+
   /// Closes the connection; pending commands complete with client_error::aborted.
   void close();
   /// True from a successful async_connect() until the connection closes.
   bool is_open() const noexcept;
   /// What the server's DMA.HELLO answered, once it has.
   std::optional<HelloReply> hello() const;
-  /// Commands started (async_hello, async_set, async_get, async_info) and not yet completed.
+  /// Commands started (async_hello, async_set, async_get, async_info, async_command) and not yet
+  /// completed.
   std::size_t pending() const noexcept;
 
  private:
@@ -426,6 +458,8 @@ class DMA_EXPORT Client {
   void start_get(const std::string& key, const GetRequest& request, std::uint64_t id,
                  detail::CompletionPtr<GetResult> completion);
   void start_info(std::uint64_t id, detail::CompletionPtr<InfoResult> completion);
+  void start_command(std::vector<std::string>&& arguments, std::uint64_t id,
+                     detail::CompletionPtr<CommandResult> completion);
 
   std::shared_ptr<Impl> impl_;
 };

@@ -324,6 +324,26 @@ enum class ErrorReply {
 /// Which of ErrorReply an error reply's text (without RESP's `-`) is.
 DMA_EXPORT ErrorReply classify_error(std::string_view text) noexcept;
 
+// ---- Cluster ----------------------------------------------------------------------------
+
+/// Slots of a Redis/Valkey cluster.
+inline constexpr int cluster_slots = 16384;
+
+/// The cluster slot of `key`: CRC-16/XMODEM of the key, or of its hash tag (the bytes between the
+/// first `{` and the next `}`, when there are any), modulo 16384, as the cluster computes it.
+DMA_EXPORT int key_slot(std::string_view key) noexcept;
+
+/// A `-MOVED` or `-ASK` error reply, read.
+struct Redirect {
+  bool ask = false;  ///< `ASK`: this command only, after `ASKING`; `MOVED`: the slot's new owner
+  int slot = 0;      ///< the slot
+  std::string host;  ///< the node's address (empty in the reply: the node that answered)
+  std::uint16_t port = 0;
+};
+/// The redirect an error text holds (`MOVED <slot> <host>:<port>` or `ASK …`, possibly after a
+/// `COMMAND: ` prefix, as a Client's result detail has it); nothing when it holds none.
+DMA_EXPORT std::optional<Redirect> parse_redirect(std::string_view text);
+
 // ---- DMA.INFO ------------------------------------------------------------------------------
 
 /// The sections of DMA.INFO, in their order.

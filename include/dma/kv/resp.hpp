@@ -57,6 +57,19 @@ struct Reply {
   bool is_error() const noexcept { return type == Type::error; }
 };
 
+/// A reply that owns its bytes: what a client keeps of one after its input is gone.
+struct Value {
+  Reply::Type type = Reply::Type::nil;  ///< which of RESP2's types
+  std::string text;                     ///< simple, error, bulk
+  std::int64_t integer = 0;             ///< integer
+  std::vector<Value> elements;          ///< array
+
+  /// True for an error reply.
+  bool is_error() const noexcept { return type == Reply::Type::error; }
+};
+/// A copy of `reply` that owns its bytes.
+DMA_EXPORT Value to_value(const Reply& reply);
+
 /// Parses the first reply in input (nesting at most `max_depth` arrays, `limits` as for requests).
 DMA_EXPORT Parsed parse_reply(std::string_view input, const Limits& limits, Reply& reply, int max_depth = 4);
 

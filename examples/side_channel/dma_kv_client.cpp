@@ -5,8 +5,11 @@
 //   dma-kv-client --port P get KEY [--out F]
 //   dma-kv-client --port P info
 //   dma-kv-client --port P bench --clients N --sizes 4096,1M --ratio 1:1 --duration 5 [--json]
+// With --cluster, --host/--port name any node of a Redis/Valkey Cluster running the dma module, and
+// set, get and bench go through dma::kv::ClusterClient: each key to the node serving its slot.
 #include <dma/dma.hpp>
 #include <dma/kv/client.hpp>
+#include <dma/kv/cluster_client.hpp>
 #include <dma/kv/protocol.hpp>
 #include <dma/kv/resp.hpp>
 
@@ -36,6 +39,7 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <optional>
 #include <random>
 #include <sstream>
@@ -157,6 +161,9 @@ struct Common {
   std::uint16_t port = 6380;
   bool efa = false;
   bool host_given = false;  // --host on the command line: it overrides the file's bind
+  bool cluster = false;     // --host/--port name a cluster node; keys go to their slot's node
+  unsigned wait_replicas = 0;     // --wait: each DMA.SET waits for this many replicas
+  bool read_from_replicas = false;  // --read-from-replicas: DMA.GETs go to replicas
   dma::Configuration file;  // --config's [dma-libfabric] table, or the defaults
 };
 
@@ -187,8 +194,9 @@ Result checked(std::tuple<std::error_code, Result> outcome) {
   return std::move(result);
 }
 
-// One dma::kv::Client with its bounce buffer exposed once on the shared Target: every DMA.SET and
-// DMA.GET of the connection names a part of that buffer, so no command registers memory.
+// One dma::kv::Client (or, with --cluster, one dma::kv::ClusterClient: a connection per node)
+// with its bounce buffer exposed once on the shared Target: every DMA.SET and DMA.GET names a part
+// of that buffer, so no command registers memory.
 class SideChannel {
  public:
   static asio::awaitable<std::unique_ptr<SideChannel>> open(const Common& common, dma::kv::ClientTarget& shared,
@@ -196,36 +204,65 @@ class SideChannel {
     dma::kv::ClientOptions options;
     options.deadline = command_deadline;
     options.verify_gets = verify_gets;
-    auto channel = std::unique_ptr<SideChannel>(
-        new SideChannel(co_await asio::this_coro::executor, shared, options, std::max<std::size_t>(capacity, 1)));
-    const auto [ec] = co_await channel->client_.async_connect(common.host, common.port, with_error);
+    auto channel = std::unique_ptr<SideChannel>(new SideChannel(std::max<std::size_t>(capacity, 1)));
+    channel->wait_replicas_ = common.wait_replicas;
+    const auto executor = co_await asio::this_coro::executor;
+    if (common.cluster) {
+      dma::kv::ClusterOptions cluster_options;
+      cluster_options.client = options;
+      cluster_options.read_from_replicas = common.read_from_replicas;
+      channel->cluster_.emplace(executor, shared, cluster_options);
+      const auto [ec] = co_await channel->cluster_->async_connect(common.host, common.port, with_error);
+      if (ec) throw Failure("reading the cluster's slot map from " + common.host + ":" + std::to_string(common.port) +
+                            ": " + ec.message());
+      channel->region_ = shared.target().expose(channel->buffer_);
+      co_return channel;
+    }
+    channel->client_.emplace(executor, shared, options);
+    const auto [ec] = co_await channel->client_->async_connect(common.host, common.port, with_error);
     if (ec) throw std::system_error(ec);
     channel->region_ = shared.target().expose(channel->buffer_);
-    checked(co_await channel->client_.async_hello(with_error));
+    checked(co_await channel->client_->async_hello(with_error));
     co_return channel;
   }
 
   std::span<std::byte> buffer() noexcept { return buffer_; }
-  dma::kv::Confirmation confirmation() const { return client_.hello()->confirmation; }
+  /// What confirms a DMA.GET (a cluster's nodes run with the same module arguments).
+  dma::kv::Confirmation confirmation() const {
+    return client_ ? client_->hello()->confirmation : dma::kv::Confirmation::reply;
+  }
+  dma::kv::ClusterClient* cluster() noexcept { return cluster_ ? &*cluster_ : nullptr; }
 
   /// DMA.SET of the first `length` bytes of the buffer.
   asio::awaitable<void> set(std::string_view key, std::size_t length) {
-    checked(co_await client_.async_set(key, region_, std::span<const std::byte>(buffer_).first(length), with_error));
+    dma::kv::SetRequest request{key, std::span<const std::byte>(buffer_).first(length), &region_, {}};
+    request.replicas = wait_replicas_;
+    if (cluster_) {
+      checked(co_await cluster_->async_set(request, with_error));
+    } else {
+      checked(co_await client_->async_set(request, with_error));
+    }
   }
 
   /// DMA.GET into the buffer; returns, once the bytes are in the buffer, the value's length and the
   /// server's CRC-32C of it.
   asio::awaitable<std::pair<std::size_t, std::uint32_t>> get(std::string_view key) {
-    const auto result = checked(co_await client_.async_get(key, region_, buffer_, with_error));
+    const dma::kv::GetRequest request{key, buffer_, &region_, {}};
+    dma::kv::GetResult result;  // no co_await inside ?: (g++ 12 destroys its temporaries twice)
+    if (cluster_) {
+      result = checked(co_await cluster_->async_get(request, with_error));
+    } else {
+      result = checked(co_await client_->async_get(request, with_error));
+    }
     co_return std::pair{static_cast<std::size_t>(result.length), result.crc};
   }
 
  private:
-  SideChannel(const asio::any_io_executor& executor, dma::kv::ClientTarget& shared,
-              const dma::kv::ClientOptions& options, std::size_t capacity)
-      : client_(executor, shared, options), buffer_(capacity) {}
+  explicit SideChannel(std::size_t capacity) : buffer_(capacity) {}
 
-  dma::kv::Client client_;
+  std::optional<dma::kv::Client> client_;
+  std::optional<dma::kv::ClusterClient> cluster_;
+  unsigned wait_replicas_ = 0;
   std::vector<std::byte> buffer_;
   dma::Target::Region region_;
 };
@@ -389,6 +426,7 @@ struct BenchOptions {
   std::size_t ops = 0;  ///< per client; when set, replaces --duration
   unsigned keys = 8;    ///< per client
   std::string arms = "dma,inline,redis";
+  bool arms_given = false;  ///< --arms on the command line
   std::string redis_server = "redis-server";
   std::string key_prefix = "bench";
   bool json = false;
@@ -402,6 +440,8 @@ struct ArmResult {
   double seconds = 0;
   std::vector<float> latencies_us;
   std::string first_error;
+  std::map<std::string, std::uint64_t> keys_per_node;  ///< --cluster: the primary each key went to
+  dma::kv::ClusterStats cluster;                       ///< --cluster: summed over the clients
 
   double percentile(double p) {
     if (latencies_us.empty()) return 0;
@@ -492,7 +532,22 @@ class Bench {
     std::vector<std::string> names;
     for (std::size_t k = 0; k < keys.size(); ++k) {
       names.push_back(options_.key_prefix + ":" + std::to_string(index) + ":" + std::to_string(k));
+      if (channel && channel->cluster()) ++result.keys_per_node[channel->cluster()->node_of(names.back())];
     }
+    struct AddStats {
+      SideChannel* channel;
+      ArmResult& result;
+      ~AddStats() {
+        if (channel == nullptr || channel->cluster() == nullptr) return;
+        const auto s = channel->cluster()->stats();
+        result.cluster.moved += s.moved;
+        result.cluster.asked += s.asked;
+        result.cluster.retries += s.retries;
+        result.cluster.refreshes += s.refreshes;
+        result.cluster.connections += s.connections;
+        result.cluster.replica_reads += s.replica_reads;
+      }
+    } add_stats{channel.get(), result};
     std::uint64_t version = 0;
     for (std::size_t done = 0; more(done); ++done) {
       const std::size_t k = rng() % keys.size();
@@ -651,7 +706,7 @@ class RedisServer {
 
 int command_bench(const Common& common, const BenchOptions& options) {
   std::vector<Arm> arms;
-  std::stringstream in(options.arms);
+  std::stringstream in(common.cluster && !options.arms_given ? std::string("dma") : options.arms);
   for (std::string item; std::getline(in, item, ',');) {
     if (item == "dma") {
       arms.push_back(Arm::dma);
@@ -664,6 +719,9 @@ int command_bench(const Common& common, const BenchOptions& options) {
     }
   }
   if (arms.empty()) throw Failure("--arms names no arm");
+  if (common.cluster && (arms.size() != 1 || arms.front() != Arm::dma)) {
+    throw Failure("--cluster measures the side channel alone: --arms dma");
+  }
   Bench bench(options, common);
   const bool with_redis = std::ranges::find(arms, Arm::inline_redis) != arms.end();
   if (with_redis && !on_path(options.redis_server)) {
@@ -711,6 +769,16 @@ int command_bench(const Common& common, const BenchOptions& options) {
                   static_cast<unsigned long long>(r.errors), static_cast<unsigned long long>(r.mismatches));
     }
     if (!r.first_error.empty()) std::fprintf(stderr, "%s: first error: %s\n", arm_name(r.arm), r.first_error.c_str());
+    if (common.cluster && !options.json) {
+      std::printf("keys per primary:");
+      for (const auto& [node, count] : r.keys_per_node)
+        std::printf(" %s=%llu", node.empty() ? "(none)" : node.c_str(), static_cast<unsigned long long>(count));
+      std::printf("\ncluster: %llu MOVED, %llu ASK, %llu retries, %llu slot-map readings, %llu node connections\n",
+                  static_cast<unsigned long long>(r.cluster.moved), static_cast<unsigned long long>(r.cluster.asked),
+                  static_cast<unsigned long long>(r.cluster.retries),
+                  static_cast<unsigned long long>(r.cluster.refreshes),
+                  static_cast<unsigned long long>(r.cluster.connections));
+    }
   }
   if (options.json) {
     std::printf("]}\n");
@@ -742,6 +810,13 @@ int main(int argc, char** argv) {
   app.add_option("--host", common.host, "the server's address (RESP and fabric)")->capture_default_str();
   app.add_option("--port", common.port, "the server's RESP port")->capture_default_str();
   app.add_flag("--efa", common.efa, "use efa-direct instead of tcp");
+  app.add_flag("--cluster", common.cluster,
+               "--host/--port name any node of a cluster; every key goes to the node serving its slot");
+  app.add_option("--wait", common.wait_replicas,
+                 "each DMA.SET succeeds once this many replicas hold the value (WAIT), else fails")
+      ->check(CLI::Range(0u, 64u));
+  app.add_flag("--read-from-replicas", common.read_from_replicas,
+               "--cluster: DMA.GETs go to a replica of the key's slot (READONLY)");
   std::string config;
   app.add_option("--config", config,
                  "TOML file whose [dma-libfabric] table configures the client's target; --efa and --host override it");
@@ -783,6 +858,11 @@ int main(int argc, char** argv) {
   bench_command->add_flag("--json", bench.json, "print JSON instead of a table");
   CLI11_PARSE(app, argc, argv);
   common.host_given = app.count("--host") != 0;
+  bench.arms_given = bench_command->count("--arms") != 0;
+  if (common.read_from_replicas && !common.cluster) {
+    std::fprintf(stderr, "dma-kv-client: --read-from-replicas needs --cluster\n");
+    return 2;
+  }
   if (!config.empty()) {
     try {
       common.file = dma::Configuration::from_toml(config);

@@ -160,11 +160,11 @@ struct Common {
   std::string host = "127.0.0.1";
   std::uint16_t port = 6380;
   bool efa = false;
-  bool host_given = false;  // --host on the command line: it overrides the file's bind
-  bool cluster = false;     // --host/--port name a cluster node; keys go to their slot's node
-  unsigned wait_replicas = 0;     // --wait: each DMA.SET waits for this many replicas
+  bool host_given = false;          // --host on the command line: it overrides the file's bind
+  bool cluster = false;             // --host/--port name a cluster node; keys go to their slot's node
+  unsigned wait_replicas = 0;       // --wait: each DMA.SET waits for this many replicas
   bool read_from_replicas = false;  // --read-from-replicas: DMA.GETs go to replicas
-  dma::Configuration file;  // --config's [dma-libfabric] table, or the defaults
+  dma::Configuration file;          // --config's [dma-libfabric] table, or the defaults
 };
 
 // The file's configuration with the command line's overrides: --efa, and --host as the bind address
@@ -213,8 +213,9 @@ class SideChannel {
       cluster_options.read_from_replicas = common.read_from_replicas;
       channel->cluster_.emplace(executor, shared, cluster_options);
       const auto [ec] = co_await channel->cluster_->async_connect(common.host, common.port, with_error);
-      if (ec) throw Failure("reading the cluster's slot map from " + common.host + ":" + std::to_string(common.port) +
-                            ": " + ec.message());
+      if (ec)
+        throw Failure("reading the cluster's slot map from " + common.host + ":" + std::to_string(common.port) + ": " +
+                      ec.message());
       channel->region_ = shared.target().expose(channel->buffer_);
       co_return channel;
     }

@@ -574,7 +574,8 @@ struct Client::Impl : std::enable_shared_from_this<Impl> {
 
   void answer_wait(Pending& command, const resp::Reply& r) {
     if (r.type != resp::Reply::Type::integer) {
-      return fail(command, client_error::protocol_error, "DMA.SET: the value is stored, but WAIT's reply is no integer");
+      return fail(command, client_error::protocol_error,
+                  "DMA.SET: the value is stored, but WAIT's reply is no integer");
     }
     SetResult result;
     result.length = command.length;
@@ -736,8 +737,7 @@ struct Client::Impl : std::enable_shared_from_this<Impl> {
     for (auto& command : replies) {
       if (command->id != id || command->abandoned) continue;
       // Completed now; its reply, still due in order, is dropped when it comes.
-      fail(*command, asio::error::operation_aborted,
-           label(*command) + ": cancelled; its reply will be dropped");
+      fail(*command, asio::error::operation_aborted, label(*command) + ": cancelled; its reply will be dropped");
       command->abandoned = true;
       command->deadline = Clock::time_point::max();
       return;
@@ -781,8 +781,8 @@ struct Client::Impl : std::enable_shared_from_this<Impl> {
       if (next != Clock::time_point::max()) arm_timer(next);
       return;
     }
-    const std::string what = label(*late) + " took longer than its deadline of " +
-                             milliseconds_text(late->deadline_length);
+    const std::string what =
+        label(*late) + " took longer than its deadline of " + milliseconds_text(late->deadline_length);
     // Its reply cannot be told apart from the next command's once skipped: the connection goes,
     // and every command on it ends. The late ones time out, the others are aborted.
     for (auto* queue : {&replies, &notifications}) {
@@ -791,8 +791,8 @@ struct Client::Impl : std::enable_shared_from_this<Impl> {
           auto command = std::move(*it);
           it = queue->erase(it);
           fail(*command, client_error::timed_out,
-               label(*command) + " took longer than its deadline of " +
-                   milliseconds_text(command->deadline_length) + "; the connection was closed");
+               label(*command) + " took longer than its deadline of " + milliseconds_text(command->deadline_length) +
+                   "; the connection was closed");
         } else {
           ++it;
         }
@@ -1012,22 +1012,24 @@ void Client::start_info(std::uint64_t id, detail::CompletionPtr<InfoResult> comp
 void Client::start_command(std::vector<std::string>&& arguments, std::uint64_t id,
                            detail::CompletionPtr<CommandResult> completion) {
   impl_->pending_count.fetch_add(1, std::memory_order_relaxed);
-  asio::dispatch(impl_->strand, [impl = impl_, arguments = std::move(arguments), id, c = std::move(completion)]() mutable {
-    const std::string name = arguments.empty() ? std::string("command") : arguments.front();
-    if (impl->cancelled_before_start(id)) {
-      return impl->fail_now(std::move(c), asio::error::operation_aborted, name + ": cancelled before it was sent");
-    }
-    if (arguments.empty()) return impl->fail_now(std::move(c), client_error::invalid_argument, "the command is empty");
-    if (!impl->open.load(std::memory_order_relaxed)) {
-      return impl->fail_now(std::move(c), client_error::not_connected, name + ": " + impl->closed_detail());
-    }
-    auto command = std::make_unique<Pending>();
-    command->kind = Kind::command;
-    command->id = id;
-    command->name = name;
-    command->completion = std::move(c);
-    impl->send(std::move(command), arguments, {});
-  });
+  asio::dispatch(
+      impl_->strand, [impl = impl_, arguments = std::move(arguments), id, c = std::move(completion)]() mutable {
+        const std::string name = arguments.empty() ? std::string("command") : arguments.front();
+        if (impl->cancelled_before_start(id)) {
+          return impl->fail_now(std::move(c), asio::error::operation_aborted, name + ": cancelled before it was sent");
+        }
+        if (arguments.empty())
+          return impl->fail_now(std::move(c), client_error::invalid_argument, "the command is empty");
+        if (!impl->open.load(std::memory_order_relaxed)) {
+          return impl->fail_now(std::move(c), client_error::not_connected, name + ": " + impl->closed_detail());
+        }
+        auto command = std::make_unique<Pending>();
+        command->kind = Kind::command;
+        command->id = id;
+        command->name = name;
+        command->completion = std::move(c);
+        impl->send(std::move(command), arguments, {});
+      });
 }
 
 }  // namespace dma::kv

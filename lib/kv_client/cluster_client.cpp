@@ -5,6 +5,7 @@
 
 #include <asio/bind_cancellation_slot.hpp>
 #include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
 #include <asio/dispatch.hpp>
 #include <asio/steady_timer.hpp>
 #include <asio/strand.hpp>
@@ -23,7 +24,9 @@ namespace {
 using Clock = std::chrono::steady_clock;
 constexpr auto tuple_awaitable = dma::compat::as_tuple(asio::use_awaitable);
 
-std::string node_key(std::string_view host, std::uint16_t port) { return std::string(host) + ":" + std::to_string(port); }
+std::string node_key(std::string_view host, std::uint16_t port) {
+  return std::string(host) + ":" + std::to_string(port);
+}
 
 // The longest one reading of the slot map may take from one node.
 constexpr auto map_read_deadline = std::chrono::seconds(2);
@@ -94,8 +97,8 @@ std::string read_shards(const resp::Value& reply, std::string_view asked, SlotMa
       if (role == nullptr || port <= 0 || port > 65535) continue;
       const auto* endpoint = field(node, "endpoint");
       const auto* ip = field(node, "ip");
-      const std::string address = node_key(
-          address_of(endpoint ? endpoint->text : "", ip ? ip->text : "", asked), static_cast<std::uint16_t>(port));
+      const std::string address = node_key(address_of(endpoint ? endpoint->text : "", ip ? ip->text : "", asked),
+                                           static_cast<std::uint16_t>(port));
       if (role->text == "master") {
         entry.primary = address;
       } else if (health == nullptr || health->text == "online") {
@@ -106,8 +109,8 @@ std::string read_shards(const resp::Value& reply, std::string_view asked, SlotMa
     const int index = static_cast<int>(map.shards.size());
     map.shards.push_back(std::move(entry));
     for (std::size_t i = 0; i + 1 < slots->elements.size(); i += 2) {
-      map.assign(static_cast<int>(integer_of(&slots->elements[i])), static_cast<int>(integer_of(&slots->elements[i + 1])),
-                 index);
+      map.assign(static_cast<int>(integer_of(&slots->elements[i])),
+                 static_cast<int>(integer_of(&slots->elements[i + 1])), index);
     }
   }
   return map.shards.empty() ? "CLUSTER SHARDS: no shard serves a slot" : "";
@@ -372,6 +375,10 @@ struct ClusterClient::Impl : std::enable_shared_from_this<Impl> {
     const auto end = length.count() > 0 ? start + length : Clock::time_point::max();
     const int slot = key_slot(key);
     request.key = key;
+    if (options.map_age.count() > 0 && !refreshing && start - last_refresh > options.map_age) {
+      asio::co_spawn(
+          strand, [self = shared_from_this()] { return self->refresh(); }, asio::detached);
+    }
     std::string redirected_to;  // the next attempt's node, from a redirect
     bool asking = false;
     unsigned redirects = 0;
@@ -381,7 +388,9 @@ struct ClusterClient::Impl : std::enable_shared_from_this<Impl> {
     const unsigned attempts = std::max(1u, options.max_attempts);
     unsigned attempt = 0;
     for (; attempt < attempts; ++attempt) {
-      if (closed) co_return std::pair{make_error_code(client_error::aborted), with_detail<Result>("the cluster client was closed")};
+      if (closed)
+        co_return std::pair{make_error_code(client_error::aborted),
+                            with_detail<Result>("the cluster client was closed")};
       std::string address = redirected_to.empty() ? route(slot, read) : redirected_to;
       redirected_to.clear();
       if (address.empty()) {
@@ -597,9 +606,9 @@ void ClusterClient::start_connect(std::string&& host, std::uint16_t port,
     SlotMap fresh;
     const auto error = co_await impl->read_map(seed, fresh);
     if (!error.empty()) {
-      co_return std::pair{make_error_code(error.starts_with("connecting") ? client_error::not_connected
-                                                                          : client_error::protocol_error),
-                          Connected{error}};
+      co_return std::pair{
+          make_error_code(error.starts_with("connecting") ? client_error::not_connected : client_error::protocol_error),
+          Connected{error}};
     }
     {
       std::lock_guard lock(impl->map_mutex);
@@ -616,18 +625,20 @@ void ClusterClient::start_connect(std::string&& host, std::uint16_t port,
   }
 }
 
-void ClusterClient::start_set(std::string&& key, const SetRequest& request,
-                              detail::CompletionPtr<SetResult> completion, asio::cancellation_slot slot) {
+void ClusterClient::start_set(std::string&& key, const SetRequest& request, detail::CompletionPtr<SetResult> completion,
+                              asio::cancellation_slot slot) {
   auto impl = impl_;
-  Impl::spawn<SetResult>(impl, std::move(completion), slot,
-                   [impl, key = std::move(key), request]() { return impl->run<SetRequest, SetResult>(key, request); });
+  Impl::spawn<SetResult>(impl, std::move(completion), slot, [impl, key = std::move(key), request]() {
+    return impl->run<SetRequest, SetResult>(key, request);
+  });
 }
 
-void ClusterClient::start_get(std::string&& key, const GetRequest& request,
-                              detail::CompletionPtr<GetResult> completion, asio::cancellation_slot slot) {
+void ClusterClient::start_get(std::string&& key, const GetRequest& request, detail::CompletionPtr<GetResult> completion,
+                              asio::cancellation_slot slot) {
   auto impl = impl_;
-  Impl::spawn<GetResult>(impl, std::move(completion), slot,
-                   [impl, key = std::move(key), request]() { return impl->run<GetRequest, GetResult>(key, request); });
+  Impl::spawn<GetResult>(impl, std::move(completion), slot, [impl, key = std::move(key), request]() {
+    return impl->run<GetRequest, GetResult>(key, request);
+  });
 }
 
 }  // namespace dma::kv

@@ -69,7 +69,7 @@ enum class client_error {
   notification_missing,  ///< DMA.GET: the Target's notification did not come, or the Target dropped it
   invalid_argument,      ///< the request itself: bytes outside the region, an empty key, a value too large to send
   registration_failed,   ///< exposing the command's own bytes on the Target failed
-  not_replicated,        ///< DMA.SET stored the value, but fewer replicas than SetRequest::replicas acknowledged it in time
+  not_replicated,  ///< DMA.SET stored the value, but fewer replicas than SetRequest::replicas acknowledged it in time
 };
 
 /// The category of client_error ("dma.kv.client").
@@ -126,8 +126,8 @@ struct HelloResult {
 
 /// What DMA.SET did.
 struct SetResult {
-  std::uint64_t length = 0;  ///< bytes stored
-  std::uint32_t crc = 0;     ///< their CRC-32C (0 when ClientOptions::checksum_sets is off)
+  std::uint64_t length = 0;    ///< bytes stored
+  std::uint32_t crc = 0;       ///< their CRC-32C (0 when ClientOptions::checksum_sets is off)
   std::uint64_t replicas = 0;  ///< with SetRequest::replicas: how many replicas WAIT counted
   std::string detail;          ///< when the handler's error is set: what happened
 };

@@ -50,6 +50,10 @@ struct ClusterOptions {
   /// primary when it has none or the replica cannot be reached. A replica serves what it has
   /// received: a value stored without SetRequest::replicas may not be there yet.
   bool read_from_replicas = false;
+  /// A command that starts this long after the last reading of the slot map has it read again,
+  /// in the background (replicas that came online, nodes added); zero: only on redirects and
+  /// failures. Servers list a replica only once it has replicated something.
+  std::chrono::milliseconds map_age{std::chrono::seconds(5)};
 };
 
 /// What a ClusterClient has done, summed since it was made.
@@ -83,8 +87,9 @@ class DMA_EXPORT ClusterClient {
   ClusterClient(const executor_type& executor, ClientTarget& target, ClusterOptions options = {});
   /// As ClusterClient(context.get_executor(), target, options).
   template <typename ExecutionContext>
-  requires std::is_convertible_v<ExecutionContext&, asio::execution_context&> ClusterClient(
-      ExecutionContext& context, ClientTarget& target, ClusterOptions options = {})
+  requires std::is_convertible_v<ExecutionContext&, asio::execution_context&> ClusterClient(ExecutionContext& context,
+                                                                                            ClientTarget& target,
+                                                                                            ClusterOptions options = {})
       : ClusterClient(executor_type(context.get_executor()), target, options) {}
   /// Closes every node connection; pending commands complete with client_error::aborted.
   ~ClusterClient();

@@ -147,6 +147,15 @@ setup_libfabric_build() {
 # Runs the given suites of a build folder, building only what they need (.ci/suite-targets) and
 # the extra targets named after `--`: run_suites NAME DIR LOGBASE SUITE... [-- TARGET...].
 # Extra `meson test` arguments come from MESON_TEST_ARGS.
+# Prints what the cluster suite's events under load report (acknowledged, verified, lost, ...)
+# from a meson test log.
+print_cluster_ledger() {
+  local label=$1 log=$2
+  [ -f "$log" ] || return 0
+  grep -hE '^(failover|kill|reshard): ' "$log" | grep -vE ': (the clients followed|first refus)' |
+    sed "s/^/  $label /" || true
+}
+
 run_suites() {
   local name=$1 dir=$2 logbase=$3
   shift 3

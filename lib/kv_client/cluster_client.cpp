@@ -149,7 +149,20 @@ std::pair<std::string, std::uint16_t> split_node(const std::string& node) {
 // What to do after an attempt failed with `ec`.
 enum class Next { give_up, redirect, again, reconnect };
 
-Next next_after(std::error_code ec) {
+// An error reply the node gives while its role or state changes, and no longer once it is done:
+// a blocked command ended by a failover (`UNBLOCKED`: nothing stored), a node loading its data, a
+// replica whose primary is down.
+bool transient_reply(std::string_view detail) {
+  for (const std::string_view code : {"UNBLOCKED ", "LOADING ", "MASTERDOWN "}) {
+    if (detail.starts_with(code)) return true;
+    for (auto at = detail.find(code); at != std::string_view::npos; at = detail.find(code, at + 1)) {
+      if (at >= 2 && detail.substr(at - 2, 2) == ": ") return true;
+    }
+  }
+  return false;
+}
+
+Next next_after(std::error_code ec, std::string_view detail) {
   if (ec.category() != client_category()) return Next::give_up;
   switch (static_cast<client_error>(ec.value())) {
     case client_error::redirected:
@@ -162,6 +175,8 @@ Next next_after(std::error_code ec) {
     case client_error::not_connected:
     case client_error::aborted:
       return Next::reconnect;
+    case client_error::server_error:
+      return transient_reply(detail) ? Next::again : Next::give_up;
     default:
       return Next::give_up;
   }
@@ -423,7 +438,7 @@ struct ClusterClient::Impl : std::enable_shared_from_this<Impl> {
             if (read && address != primary_of(slot)) replica_reads.fetch_add(1, std::memory_order_relaxed);
             co_return std::pair{ec, std::move(result)};
           }
-          switch (next_after(ec)) {
+          switch (next_after(ec, result.detail)) {
             case Next::give_up:
               co_return std::pair{ec, std::move(result)};
             case Next::redirect: {
@@ -448,7 +463,7 @@ struct ClusterClient::Impl : std::enable_shared_from_this<Impl> {
               refresh_wanted = true;
               break;
             case Next::again:
-              if (ec == client_error::cluster_down) refresh_wanted = true;
+              if (ec != client_error::try_again) refresh_wanted = true;  // the slot's owner may have changed
               break;
           }
         }

@@ -1,7 +1,8 @@
-// The code fragments of docs/getting-started.md and docs/configuration.md, each inside a function
+// The code fragments of docs/getting-started.md, docs/configuration.md and docs/cluster.md, each inside a function
 // that gives it the context the guide describes, so that they compile. test/docs/check_docs.py
 // checks that every fragment the guides show appears here (or in the file the guide names).
 #include <dma/dma.hpp>
+#include <dma/kv/cluster_client.hpp>
 
 #include <asio/bind_cancellation_slot.hpp>
 #include <asio/cancellation_signal.hpp>
@@ -222,6 +223,23 @@ dma::LatencyHistogram both(const Service& a, const Service& b) {
   dma::LatencyHistogram latency = a.metrics().latency;
   latency += b.metrics().latency;  // histograms add up
   return latency;
+}
+
+asio::awaitable<void> cluster(dma::kv::ClientTarget& shared, std::span<std::byte> buffer,
+                              const dma::Target::Region& region) {
+  dma::kv::ClusterOptions options;
+  options.client.deadline = std::chrono::seconds(30);  // a whole command, retries included
+  dma::kv::ClusterClient cluster(co_await asio::this_coro::executor, shared, options);
+  co_await cluster.async_connect("10.0.0.5", 7000);  // any node: the slot map comes from it
+
+  dma::kv::SetRequest set{"user:42", buffer.first(4096), &region, {}};
+  set.replicas = 1;  // OK only once a replica holds it too (WAIT 1)
+  set.replica_timeout = std::chrono::milliseconds(500);
+  dma::kv::SetResult stored = co_await cluster.async_set(set);  // throws std::system_error
+
+  auto [ec, got] = co_await cluster.async_get(dma::kv::GetRequest{"user:42", buffer, &region, {}},
+                                              dma::compat::as_tuple(asio::use_awaitable));
+  if (ec == dma::kv::client_error::no_such_key) std::printf("not there: %s\n", got.detail.c_str());
 }
 
 }  // namespace snippets

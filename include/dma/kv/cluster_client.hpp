@@ -4,7 +4,8 @@
 /// on servers without it), opens one dma::kv::Client per node it uses, with a DMA.HELLO on each,
 /// and sends every DMA.SET and DMA.GET to the node serving its key's slot. It follows `-MOVED`
 /// (and refreshes its map) and `-ASK` (with `ASKING`), retries `-TRYAGAIN`, `-CLUSTERDOWN`,
-/// `-NOHELLO` and lost nodes with a bounded back-off until the command's deadline, reads from
+/// `-NOHELLO`, what a node answers while its role changes (`-UNBLOCKED`, `-LOADING`,
+/// `-MASTERDOWN`) and lost nodes with a bounded back-off until the command's deadline, reads from
 /// replicas when asked, and waits for replicas (`WAIT`) per DMA.SET when asked.
 ///
 /// Every member function may be called from any thread; handlers run on their associated
@@ -42,8 +43,8 @@ struct ClusterOptions {
   unsigned max_redirects = 16;
   /// Attempts one command makes at most (redirects, retries and the first one).
   unsigned max_attempts = 200;
-  /// The first wait after `-TRYAGAIN`, `-CLUSTERDOWN` or a lost node; each further one doubles, up
-  /// to `retry_most`.
+  /// The first wait after `-TRYAGAIN`, `-CLUSTERDOWN`, `-UNBLOCKED`, `-LOADING`, `-MASTERDOWN` or a
+  /// lost node; each further one doubles, up to `retry_most`.
   std::chrono::milliseconds retry_first{10};
   std::chrono::milliseconds retry_most{500};
   /// DMA.GETs go to a replica of their slot (each node connection sends `READONLY`), or to its
@@ -60,7 +61,7 @@ struct ClusterOptions {
 struct ClusterStats {
   std::uint64_t moved = 0;          ///< `-MOVED` redirects followed
   std::uint64_t asked = 0;          ///< `-ASK` redirects followed (with `ASKING`)
-  std::uint64_t retries = 0;        ///< attempts after `-TRYAGAIN`, `-CLUSTERDOWN`, `-NOHELLO` or a lost node
+  std::uint64_t retries = 0;        ///< waits before another attempt (`-TRYAGAIN`, a lost node, …)
   std::uint64_t refreshes = 0;      ///< slot maps read from a node
   std::uint64_t connections = 0;    ///< node connections opened (each with its DMA.HELLO)
   std::uint64_t replica_reads = 0;  ///< DMA.GETs a replica answered

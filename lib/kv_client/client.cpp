@@ -269,7 +269,9 @@ struct Pending {
 
 // What a command is called in its result's detail.
 std::string label(const Pending& command) {
-  return command.kind == Kind::command ? command.name : std::string(kind_name(command.kind));
+  if (command.kind == Kind::command) return command.name;
+  if (command.kind == Kind::wait) return "DMA.SET";  // a WAIT that took a DMA.SET over
+  return kind_name(command.kind);
 }
 
 }  // namespace
@@ -309,6 +311,7 @@ struct Client::Impl : std::enable_shared_from_this<Impl> {
         socket(strand),
         timer(strand) {
     limits.max_bulk = std::max<std::size_t>(options.max_reply, 1024);
+    limits.max_arguments = std::size_t{1} << 16;  // a reply's arrays: CLUSTER SLOTS lists up to 16384 ranges
     limits.max_request = limits.max_bulk + (std::size_t{64} << 10);
     in.resize(std::size_t{64} << 10);
   }
@@ -438,12 +441,20 @@ struct Client::Impl : std::enable_shared_from_this<Impl> {
     if (!reading) read_more();
   }
 
-  /// Queues a command whose reply is dropped (ASKING), or handed over to it (a DMA.SET's WAIT).
-  void send_follower(Kind kind, std::uint64_t id, const std::vector<std::string>& arguments) {
+  /// Queues a command whose reply is dropped (ASKING), or handed over to it (a DMA.SET's WAIT),
+  /// under the deadline of the command it goes with: a reply that never comes still ends the
+  /// connection in time.
+  void send_follower(Kind kind, std::uint64_t id, const std::vector<std::string>& arguments,
+                     Clock::time_point deadline = Clock::time_point::max()) {
     auto command = std::make_unique<Pending>();
     command->kind = kind;
     command->id = id;
     command->abandoned = true;
+    command->deadline = deadline;
+    if (deadline != Clock::time_point::max()) {
+      command->deadline_length = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now());
+      arm_timer(deadline);
+    }
     std::vector<std::string_view> views(arguments.begin(), arguments.end());
     resp::encode_command(out, views);
     replies.push_back(std::move(command));
@@ -960,10 +971,14 @@ void Client::start_set(const std::string& key, const SetRequest& request, std::u
     command->replicas = request.replicas;
     command->replica_timeout = request.replica_timeout;
     if (request.asking) impl->send_follower(Kind::asking, id, {"ASKING"});
+    const auto length = request.deadline.count() > 0 ? request.deadline : impl->options.deadline;
+    const auto deadline = length.count() > 0 ? Clock::now() + length : Clock::time_point::max();
     impl->send(std::move(command), set_arguments(key, window, crc, hello.token), request.deadline);
     if (request.replicas > 0) {
-      impl->send_follower(Kind::wait, id,
-                          {"WAIT", std::to_string(request.replicas), std::to_string(request.replica_timeout.count())});
+      // WAIT's timeout of zero waits for ever: the command's deadline bounds it instead.
+      const auto wait_ms = request.replica_timeout.count() > 0 ? request.replica_timeout : length;
+      impl->send_follower(Kind::wait, id, {"WAIT", std::to_string(request.replicas), std::to_string(wait_ms.count())},
+                          deadline);
     }
   });
 }
@@ -1020,6 +1035,13 @@ void Client::start_command(std::vector<std::string>&& arguments, std::uint64_t i
         }
         if (arguments.empty())
           return impl->fail_now(std::move(c), client_error::invalid_argument, "the command is empty");
+        // Commands after which replies stop matching commands one for one.
+        for (const std::string_view pushed : {"SUBSCRIBE", "PSUBSCRIBE", "SSUBSCRIBE", "MONITOR", "SYNC", "PSYNC"}) {
+          if (resp::iequals(name, pushed)) {
+            return impl->fail_now(std::move(c), client_error::invalid_argument,
+                                  name + ": its replies do not come one per command; use a connection of its own");
+          }
+        }
         if (!impl->open.load(std::memory_order_relaxed)) {
           return impl->fail_now(std::move(c), client_error::not_connected, name + ": " + impl->closed_detail());
         }

@@ -10,6 +10,8 @@
 
 #include <dma/kv/cluster_client.hpp>
 
+#include <asio/bind_cancellation_slot.hpp>
+#include <asio/cancellation_signal.hpp>
 #include <asio/co_spawn.hpp>
 #include <asio/io_context.hpp>
 #include <asio/steady_timer.hpp>
@@ -256,6 +258,80 @@ TEST_CASE("a DMA.SET with WAIT is on the replica, which serves DMA.GETs with rea
   Resp reader(replica.port);
   require_ok(reader.command({"READONLY"}));
   CHECK(reader.command({"GET", key}).text == value);
+}
+
+TEST_CASE("a cancelled command, a lost shard and close() each end a ClusterClient's commands once, in time",
+          "[cluster]") {
+  Cluster cluster(2000);
+  Side side;
+  std::vector<std::byte> memory(std::size_t{8} << 20);
+  auto region = side.target().expose(memory);
+  dma::kv::ClusterOptions options;
+  options.client.deadline = 1500ms;
+  dma::kv::ClusterClient client(side.io(), side.shared(), options);
+  const std::string key = "cut-short";
+  side.run([&]() -> asio::awaitable<void> {
+    auto [ec] = co_await client.async_connect("127.0.0.1", cluster.nodes().front()->port(), with_error);
+    REQUIRE(!ec);
+    // Cancelled at once: aborted, or done if it was quicker; the next command goes through.
+    asio::cancellation_signal signal;
+    auto cancelled = client.async_set(key, region, std::span<const std::byte>(memory),
+                                      asio::bind_cancellation_slot(signal.slot(), asio::use_awaitable));
+    signal.emit(asio::cancellation_type::terminal);
+    try {
+      co_await std::move(cancelled);
+    } catch (const std::system_error& error) {
+      CHECK(error.code() == asio::error::operation_aborted);
+    }
+    auto [set_ec, set] = co_await client.async_set(key, region, std::span<const std::byte>(memory), with_error);
+    INFO(set.detail);
+    CHECK(!set_ec);
+  });
+  CHECK(client.pending() == 0);
+
+  // The key's primary and its replica gone: the command fails within its deadline, and says why.
+  const NodeLine primary = cluster.primary_of(key);
+  const NodeLine replica = cluster.replica_of(primary);
+  cluster.kill(replica.port);
+  cluster.kill(primary.port);
+  side.run([&]() -> asio::awaitable<void> {
+    const auto began = std::chrono::steady_clock::now();
+    auto [get_ec, got] = co_await client.async_get(key, region, std::span<std::byte>(memory), with_error);
+    const auto took = std::chrono::steady_clock::now() - began;
+    INFO(got.detail);
+    CHECK(get_ec);
+    CHECK(got.detail.find("gave up after") != std::string::npos);
+    CHECK(took < 15s);  // 1.5 s deadline, with room for a loaded machine
+  });
+
+  // close() with a command between its attempts: it ends at once, aborted.
+  side.run([&]() -> asio::awaitable<void> {
+    dma::kv::ClusterOptions patient;
+    patient.client.deadline = 60s;
+    dma::kv::ClusterClient closing(side.io(), side.shared(), patient);
+    auto [ec] = co_await closing.async_connect("127.0.0.1", cluster.other_primary(primary).port, with_error);
+    REQUIRE(!ec);
+    asio::steady_timer later(side.io(), 300ms);
+    later.async_wait([&](std::error_code) { closing.close(); });
+    const auto began = std::chrono::steady_clock::now();
+    auto [get_ec, got] = co_await closing.async_get(key, region, std::span<std::byte>(memory), with_error);
+    CHECK(get_ec == dma::kv::client_error::aborted);
+    CHECK(std::chrono::steady_clock::now() - began < 20s);
+  });
+
+  // A command whose replies would not come one per command is refused.
+  side.run([&]() -> asio::awaitable<void> {
+    dma::kv::Client plain(side.io().get_executor());
+    auto [ec] = co_await plain.async_connect("127.0.0.1", cluster.other_primary(primary).port, with_error);
+    REQUIRE(!ec);
+    std::vector<std::string> subscribe{"SUBSCRIBE", "news"};
+    auto [sub_ec, sub] = co_await plain.async_command(std::move(subscribe), with_error);
+    CHECK(sub_ec == dma::kv::client_error::invalid_argument);
+    std::vector<std::string> ping{"PING"};
+    auto [ping_ec, pong] = co_await plain.async_command(std::move(ping), with_error);
+    CHECK(!ping_ec);
+    CHECK(pong.reply.text == "PONG");
+  });
 }
 
 // ---- under load ---------------------------------------------------------------------------------

@@ -51,6 +51,9 @@ struct ClusterOptions {
   /// primary when it has none or the replica cannot be reached. A replica serves what it has
   /// received: a value stored without SetRequest::replicas may not be there yet.
   bool read_from_replicas = false;
+  /// A node connection (TCP, DMA.HELLO, READONLY) that takes longer is given up, and so is the
+  /// node for that attempt.
+  std::chrono::milliseconds connect_timeout{std::chrono::seconds(5)};
   /// A command that starts this long after the last reading of the slot map has it read again,
   /// in the background (replicas that came online, nodes added); zero: only on redirects and
   /// failures. Servers list a replica only once it has replicated something.
@@ -77,6 +80,8 @@ struct ClusterStats {
 /// sent again, whole: the same key with the same bytes, so a repeat stores the same value.
 ///
 /// Per-operation cancellation (terminal) completes the command with asio::error::operation_aborted.
+/// As with Client, a transfer the server had started may still reach the caller's Region after a
+/// cancellation, a deadline or close(), until the server's own transfer deadline.
 class DMA_EXPORT ClusterClient {
  public:
   /// The executor the client's work and, by default, its handlers run on.

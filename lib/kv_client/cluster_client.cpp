@@ -464,9 +464,9 @@ struct ClusterClient::Impl : std::enable_shared_from_this<Impl> {
   // ---- a command --------------------------------------------------------------------------------
 
   template <typename Result>
-  static Result with_detail(std::string detail) {
+  static Result with_detail(const std::string& detail) {
     Result result;
-    result.detail = std::move(detail);
+    result.detail = detail;
     return result;
   }
 
@@ -602,7 +602,7 @@ struct ClusterClient::Impl : std::enable_shared_from_this<Impl> {
   static void spawn(const std::shared_ptr<Impl>& impl, detail::CompletionPtr<Result> completion,
                     asio::cancellation_slot slot, Body body) {
     impl->pending.fetch_add(1, std::memory_order_relaxed);
-    auto done = [impl, c = std::move(completion)](std::exception_ptr error,
+    auto done = [impl, c = std::move(completion)](const std::exception_ptr& error,
                                                   std::pair<std::error_code, Result> outcome) mutable {
       impl->pending.fetch_sub(1, std::memory_order_relaxed);
       if (error) {
@@ -704,8 +704,8 @@ void ClusterClient::start_connect(std::string&& host, std::uint16_t port,
     std::string detail;
   };
   auto impl = impl_;
-  auto adapt = [c = std::move(completion)](std::exception_ptr error,
-                                           std::pair<std::error_code, Connected> outcome) mutable {
+  auto adapt = [c = std::move(completion)](const std::exception_ptr& error,
+                                           const std::pair<std::error_code, Connected>& outcome) mutable {
     detail::finish(std::move(c), error ? std::error_code(asio::error::operation_aborted) : outcome.first,
                    detail::NoResult{});
   };
